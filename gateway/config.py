@@ -1,0 +1,167 @@
+"""Typed, validated, frozen settings: config.yaml plus GATEWAY_* environment overrides.
+
+`load_settings(path)` is the only reader of the file and the environment; everything else
+receives a `Settings`. Errors come out as one `ConfigError` naming the offending key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+BackendName = Literal["mtp", "plain"]
+BACKEND_NAMES: tuple[BackendName, ...] = ("mtp", "plain")
+PolicyName = Literal["crossover", "mtp-only", "plain-only"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Listen(_Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+
+
+class Backend(_Frozen):
+    url: str
+    api_key: str | None = None
+
+    @model_validator(mode="after")
+    def _url_is_http(self) -> Backend:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"backend url must start with http:// or https://, got {self.url!r}")
+        return self
+
+
+class Backends(_Frozen):
+    mtp: Backend = Backend(url="http://127.0.0.1:30001")
+    plain: Backend = Backend(url="http://127.0.0.1:30002")
+
+    def get(self, name: BackendName) -> Backend:
+        return self.mtp if name == "mtp" else self.plain
+
+
+class Routing(_Frozen):
+    policy: PolicyName = "crossover"
+    crossover: int = Field(24, ge=1)
+    hysteresis: int = Field(6, ge=0)
+    min_dwell_s: float = Field(5.0, ge=0)
+    capacity_guard: bool = True
+    session_affinity: bool = True
+    session_headers: tuple[str, ...] = ("x-session-id", "x-claude-code-session-id", "thread-id")
+    max_sessions: int = Field(10000, ge=0)
+    allow_pin_header: bool = False
+
+    @model_validator(mode="after")
+    def _band_fits(self) -> Routing:
+        if self.hysteresis >= self.crossover:
+            raise ValueError("hysteresis must be smaller than crossover")
+        return self
+
+
+class Timeouts(_Frozen):
+    connect_s: float = Field(5.0, gt=0)
+    first_byte_s: float = Field(600.0, gt=0)
+    idle_s: float = Field(120.0, gt=0)
+    total_s: float = Field(3600.0, gt=0)
+    keepalive_s: float = Field(15.0, ge=0)
+    shutdown_grace_s: float = Field(30.0, ge=0)
+
+
+class Limits(_Frozen):
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_inflight: int = Field(1024, ge=1)
+
+
+class Auth(_Frozen):
+    api_keys: tuple[str, ...] = ()
+    admin_key: str | None = None
+    metrics_public: bool = True
+
+
+class Monitor(_Frozen):
+    interval_s: float = Field(1.0, gt=0)
+    request_timeout_s: float = Field(2.0, gt=0)
+    fall: int = Field(3, ge=1)
+    rise: int = Field(2, ge=1)
+    circuit_failures: int = Field(5, ge=1)
+    circuit_open_s: float = Field(10.0, gt=0)
+    use_backend_loads: bool = False
+    backend_loads_max_age_s: float = Field(3.0, gt=0)
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message names the key."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        frozen=True, extra="forbid", env_prefix="GATEWAY_", env_nested_delimiter="__"
+    )
+
+    listen: Listen = Listen()
+    backends: Backends = Backends()
+    routing: Routing = Routing()
+    timeouts: Timeouts = Timeouts()
+    limits: Limits = Limits()
+    auth: Auth = Auth()
+    monitor: Monitor = Monitor()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment first so GATEWAY_* beats the file (the file arrives as init kwargs).
+        return (env_settings, init_settings)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return data
+
+
+def build_settings(data: dict[str, Any]) -> Settings:
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc)) from exc
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    return build_settings(read_yaml(path) if path else {})
+
+
+def build_routing(data: Any) -> Routing:
+    """Validate a routing section alone (hot reload, PUT /admin/routing)."""
+    try:
+        return Routing.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, prefix="routing")) from exc
+
+
+def describe_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        key = f"{prefix}.{key}" if prefix and key else (prefix or key or "(top level)")
+        lines.append(f"{key}: {err['msg']}")
+    return "invalid configuration: " + "; ".join(lines)
