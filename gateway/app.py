@@ -1,0 +1,143 @@
+"""The app factory. Everything the gateway uses is built here and owned by the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.config import ConfigError, Settings, build_settings, read_yaml
+from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
+from gateway.inbound import PROXY_PATHS
+from gateway.load import Router
+from gateway.metrics import GatewayMetrics
+from gateway.monitor import CircuitBreaker, Monitor
+from gateway.relay import ProxyEndpoint
+from gateway.routes import router as api_routes
+from gateway.upstream import Upstream
+
+log = logging.getLogger("mtp_gateway")
+
+
+class Runtime:
+    """The live objects of one gateway, reachable from handlers as `app.state.runtime`."""
+
+    def __init__(self, settings: Settings, registry: CollectorRegistry,
+                 config_path: Path | None) -> None:
+        self.settings = settings
+        self.config_path = config_path
+        self.router = Router(settings.routing, loads_max_age_s=settings.monitor.backend_loads_max_age_s,
+                             use_backend_loads=settings.monitor.use_backend_loads)
+        self.metrics = GatewayMetrics(registry, self.router)
+        self.upstream = Upstream(connect_timeout_s=settings.timeouts.connect_s)
+        self.breaker = CircuitBreaker(self.router, settings.monitor.circuit_failures,
+                                      settings.monitor.circuit_open_s)
+        self.monitor = Monitor(settings, self.router, self.upstream)
+        self.proxy = ProxyEndpoint(lambda: self.settings, self.router, self.upstream, self.metrics,
+                                   self.breaker, self.monitor.served_models)
+
+    def apply_routing(self, settings: Settings) -> None:
+        """Swap in a new routing section; the next decision uses it."""
+        self.settings = self.settings.model_copy(update={"routing": settings.routing})
+        self.router.update_routing(settings.routing)
+
+    async def watch_config(self, every_s: float = 1.0) -> None:
+        """Hot reload: apply a changed routing section; keep the old one on a bad edit."""
+        assert self.config_path is not None
+        last = self.config_path.stat().st_mtime_ns
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                mtime = self.config_path.stat().st_mtime_ns
+            except OSError:
+                continue
+            if mtime != last:
+                last = mtime
+                self.reload_from_file()
+
+    def reload_from_file(self) -> bool:
+        assert self.config_path is not None
+        try:
+            fresh = build_settings(read_yaml(self.config_path))
+        except ConfigError as exc:
+            log.error("config reload rejected, keeping the running settings: %s", exc)
+            return False
+        if fresh.routing != self.settings.routing:
+            self.apply_routing(fresh)
+            log.warning("routing reloaded from %s: %s", self.config_path, fresh.routing)
+        ignored = [k for k in ("listen", "backends", "timeouts", "limits", "auth", "monitor")
+                   if getattr(fresh, k) != getattr(self.settings, k)]
+        if ignored:
+            log.warning("config sections %s changed; they take effect on restart", ignored)
+        return True
+
+
+def create_app(settings: Settings, *, registry: CollectorRegistry | None = None,
+               config_path: str | Path | None = None) -> FastAPI:
+    runtime = Runtime(settings, registry or CollectorRegistry(),
+                      Path(config_path) if config_path else None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.upstream.start()
+        tasks = [asyncio.create_task(runtime.monitor.run(), name="monitor")]
+        if runtime.config_path is not None:
+            tasks.append(asyncio.create_task(runtime.watch_config(), name="config-watch"))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if runtime.proxy.background:  # aborts still on their way to the backends
+                await asyncio.wait(runtime.proxy.background, timeout=2.0)
+            runtime.breaker.close()
+            await runtime.upstream.close()
+
+    app = FastAPI(title="mtp-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.runtime = runtime
+    for path in PROXY_PATHS:
+        app.router.routes.append(Route(path, endpoint=runtime.proxy, methods=None))
+    app.include_router(api_routes)
+    _install_error_mapping(app)
+    return app
+
+
+def _install_error_mapping(app: FastAPI) -> None:
+    """Every error leaves the gateway OpenAI-shaped; this is the one place that says so."""
+
+    async def gateway_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, GatewayError)
+        return Response(exc.to_bytes(), status_code=exc.status, headers=exc.headers,
+                        media_type="application/json")
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        mapped: GatewayError
+        if exc.status_code == 404:
+            mapped = NotFound(f"no such endpoint: {request.method} {request.url.path}")
+        elif exc.status_code == 405:
+            mapped = MethodNotAllowed(f"method {request.method} not allowed on {request.url.path}")
+        else:
+            mapped = BadRequest(str(exc.detail))
+            mapped.status = exc.status_code
+        return await gateway_error(request, mapped)
+
+    async def validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        first = exc.errors()[0] if exc.errors() else {"msg": "invalid request"}
+        return await gateway_error(request, BadRequest(f"invalid request: {first['msg']}"))
+
+    app.add_exception_handler(GatewayError, gateway_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)

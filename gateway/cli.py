@@ -1,0 +1,120 @@
+"""`mtp-gateway`: serve, demo, sim, bench, calibrate. The only module that exits."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from gateway.config import ConfigError, Settings, load_settings
+
+EXIT_CONFIG = 2
+DEFAULT_CONFIG = "config.yaml"
+
+
+def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None,
+                        help=f"config file (default: ./{DEFAULT_CONFIG} if present)")
+    parser.add_argument("--host", default=None, help="override listen.host")
+    parser.add_argument("--port", type=int, default=None, help="override listen.port")
+    parser.add_argument("--log-level", default="info")
+
+
+def _load(args: argparse.Namespace) -> tuple[Settings, Path | None]:
+    path = Path(args.config) if args.config else Path(DEFAULT_CONFIG)
+    config_path = path if (args.config or path.exists()) else None
+    settings = load_settings(config_path)
+    listen = settings.listen.model_copy(update={
+        k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None})
+    return settings.model_copy(update={"listen": listen}), config_path
+
+
+def uvicorn_config(app: object, settings: Settings, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
+        app, host=settings.listen.host, port=settings.listen.port, log_level=log_level,
+        access_log=False,  # a log line per request costs more than relaying it
+        timeout_graceful_shutdown=int(settings.timeouts.shutdown_grace_s) or None,
+        timeout_keep_alive=75,
+    )
+
+
+async def serve(settings: Settings, config_path: Path | None, log_level: str) -> None:
+    from gateway.app import create_app
+
+    app = create_app(settings, config_path=config_path)
+    await uvicorn.Server(uvicorn_config(app, settings, log_level)).serve()
+
+
+async def demo(settings: Settings, config_path: Path | None, log_level: str,
+               time_scale: float) -> None:
+    from gateway.sim.server import SimOptions, start_sim_pair
+
+    options = SimOptions(time_scale=time_scale, mtp_port=_port(settings.backends.mtp.url),
+                         plain_port=_port(settings.backends.plain.url))
+    async with start_sim_pair(options) as pair:
+        print(f"simulated SGLang pair: mtp {pair.urls['mtp']}  plain {pair.urls['plain']}")
+        print(f"gateway: http://{settings.listen.host}:{settings.listen.port}/v1  "
+              f"(dashboard: /dashboard, metrics: /metrics)")
+        await serve(settings, config_path, log_level)
+
+
+def _port(url: str) -> int:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).port or 80
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mtp-gateway", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_serve_arguments(commands.add_parser("serve", help="run the gateway"))
+    demo_parser = commands.add_parser("demo", help="gateway + two simulated SGLang servers")
+    _add_serve_arguments(demo_parser)
+    demo_parser.add_argument("--time-scale", type=float, default=1.0,
+                             help="simulated time per real second (1.0 = real speed)")
+    sim_parser = commands.add_parser("sim", help="two simulated SGLang servers (mtp + plain)")
+    _add_optional(sim_parser, "gateway.sim.cli")
+    for name in ("bench", "calibrate"):
+        _add_optional(commands.add_parser(name, help=f"{name} (see README)"), f"gateway.bench.{name}_cli")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command in ("serve", "demo"):
+            settings, config_path = _load(args)
+            if args.command == "serve":
+                asyncio.run(serve(settings, config_path, args.log_level))
+            else:
+                asyncio.run(demo(settings, config_path, args.log_level, args.time_scale))
+            return 0
+        return int(args.run(args))
+    except ConfigError as exc:
+        print(f"mtp-gateway: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return 0
+
+
+def _add_optional(parser: argparse.ArgumentParser, module: str) -> None:
+    """Subcommands defined by their own package: add_arguments(parser) and run(args) -> int."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        parser.set_defaults(run=lambda _args: _missing(module))
+        return
+    mod.add_arguments(parser)
+    parser.set_defaults(run=mod.run)
+
+
+def _missing(module: str) -> int:
+    print(f"mtp-gateway: {module} is not available in this install", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

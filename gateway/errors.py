@@ -1,0 +1,108 @@
+"""Errors the gateway raises, and their one mapping to OpenAI-shaped JSON.
+
+    GatewayError                      status, type, code
+    ├── ClientError                   4xx: the caller's mistake
+    │   ├── BadRequest                400 invalid_request_error
+    │   ├── Unauthorized              401 authentication_error
+    │   ├── Forbidden                 403 permission_error
+    │   ├── NotFound                  404 not_found_error
+    │   ├── MethodNotAllowed          405
+    │   ├── PayloadTooLarge           413
+    │   ├── UnsupportedMediaType      415
+    │   └── Overloaded                429 (Retry-After)
+    └── UpstreamError                 5xx: a backend failed us
+        ├── NoBackend                 503 no healthy backend
+        ├── UpstreamConnectError      502 connection refused / reset before a response
+        ├── UpstreamTimeout           504 a timeout fired (kind names which)
+        └── UpstreamBroken            502 the backend closed a response half way
+"""
+
+from __future__ import annotations
+
+import json
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+    kind = "internal"  # bounded label for metrics
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, dict[str, object]]:
+        return {"error": {"message": self.message, "type": self.type, "param": None,
+                          "code": self.code}}
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.body()).encode()
+
+    def sse_event(self) -> bytes:
+        """The mid-stream form: one SSE error event then [DONE], as SGLang ends a broken stream."""
+        return b"data: " + self.to_bytes() + b"\n\ndata: [DONE]\n\n"
+
+
+class ClientError(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+    kind = "client"
+
+
+class BadRequest(ClientError):
+    pass
+
+
+class Unauthorized(ClientError):
+    status, type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class Forbidden(ClientError):
+    status, type, code = 403, "permission_error", "forbidden"
+
+
+class NotFound(ClientError):
+    status, type, code = 404, "not_found_error", "not_found"
+
+
+class MethodNotAllowed(ClientError):
+    status, code = 405, "method_not_allowed"
+
+
+class PayloadTooLarge(ClientError):
+    status, code = 413, "request_too_large"
+
+
+class UnsupportedMediaType(ClientError):
+    status, code = 415, "unsupported_media_type"
+
+
+class Overloaded(ClientError):
+    status, type, code = 429, "rate_limit_error", "gateway_overloaded"
+
+
+class UpstreamError(GatewayError):
+    status, type, code, kind = 502, "server_error", "upstream_error", "upstream"
+
+
+class NoBackend(UpstreamError):
+    status, code, kind = 503, "no_backend_available", "no_backend"
+
+
+class UpstreamConnectError(UpstreamError):
+    code, kind = "upstream_connect_error", "connect"
+
+
+class UpstreamTimeout(UpstreamError):
+    status, code = 504, "upstream_timeout"
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # timeout_connect | timeout_first_byte | timeout_idle | timeout_total
+
+
+class UpstreamBroken(UpstreamError):
+    code, kind = "upstream_stream_broken", "broken_stream"

@@ -1,0 +1,164 @@
+"""Pure functions over the incoming request: validate, extract routing facts, build the
+upstream headers and body. No I/O; the relay calls these once per request.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import BACKEND_NAMES, BackendName
+from gateway.errors import BadRequest, UnsupportedMediaType
+
+Headers = list[tuple[bytes, bytes]]
+
+# Paths the gateway proxies, and the field each one needs (None: only "a JSON object").
+PROXY_PATHS: dict[str, str | None] = {
+    "/v1/chat/completions": "messages",
+    "/v1/completions": "prompt",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "messages",
+    "/v1/responses": "input",
+    "/v1/embeddings": "input",
+    "/v1/rerank": None,
+    "/v1/score": None,
+    "/v1/classify": None,
+    "/v1/tokenize": None,
+    "/v1/detokenize": None,
+}
+# Endpoints where SGLang takes a client `rid`: setting it lets the gateway abort by id.
+RID_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+# Never forwarded: they describe this hop, or carry the client's credentials to the gateway.
+_DROP_REQUEST_HEADERS = frozenset({
+    b"host", b"connection", b"keep-alive", b"proxy-authorization", b"proxy-connection", b"te",
+    b"trailer", b"transfer-encoding", b"upgrade", b"content-length", b"authorization",
+    b"x-api-key", b"cookie", b"expect", b"x-gateway-pin", b"accept-encoding",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """What the gateway needs from one proxied request."""
+
+    path: str
+    body: bytes  # what goes upstream (the client's bytes, plus a rid where SGLang takes one)
+    stream: bool
+    model: str | None
+    session: str | None
+    pin: BackendName | None
+    rid: str | None
+
+
+def header(headers: Headers, name: bytes) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def check_content_type(headers: Headers) -> None:
+    content_type = header(headers, b"content-type") or ""
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        raise UnsupportedMediaType("Content-Type must be application/json")
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except UnicodeDecodeError as exc:
+        raise BadRequest("request body is not valid UTF-8") from exc
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    return data
+
+
+def validate_fields(path: str, data: dict[str, Any]) -> None:
+    required = PROXY_PATHS.get(path)
+    if required is not None and required not in data:
+        raise BadRequest(f"missing required field '{required}'")
+    for key, kind, label in (("stream", bool, "a boolean"), ("model", str, "a string")):
+        if key in data and data[key] is not None and not isinstance(data[key], kind):
+            raise BadRequest(f"'{key}' must be {label}")
+    if path == "/v1/chat/completions" and not isinstance(data.get("messages"), list):
+        raise BadRequest("'messages' must be an array")
+
+
+def session_of(headers: Headers, data: dict[str, Any], session_headers: tuple[str, ...]) -> str | None:
+    for name in session_headers:
+        value = header(headers, name.lower().encode("latin-1"))
+        if value:
+            return value
+    user = data.get("user")
+    if isinstance(user, str) and user:
+        return user
+    metadata = data.get("metadata")  # Anthropic Messages: metadata.user_id
+    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
+        return metadata["user_id"]
+    return None
+
+
+def pin_of(headers: Headers, allowed: bool) -> BackendName | None:
+    value = header(headers, b"x-gateway-pin")
+    if value is None or not allowed:
+        return None
+    if value not in BACKEND_NAMES:
+        raise BadRequest(f"x-gateway-pin must be one of {', '.join(BACKEND_NAMES)}")
+    return value  # type: ignore[return-value]
+
+
+def with_rid(body: bytes, data: dict[str, Any]) -> tuple[bytes, str | None]:
+    """Give the request an id SGLang will use, by splicing bytes rather than re-encoding."""
+    if "rid" in data:
+        existing = data["rid"]
+        return body, existing if isinstance(existing, str) and existing else None
+    if not body.lstrip().startswith(b"{"):
+        return body, None  # e.g. UTF-16: leave it alone rather than guess
+    rid = secrets.token_hex(16)
+    start = body.index(b"{") + 1
+    separator = b"," if data else b""
+    return body[:start] + b'"rid":"' + rid.encode() + b'"' + separator + body[start:], rid
+
+
+def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: tuple[str, ...],
+                  allow_pin: bool) -> tuple[Inbound, dict[str, Any]]:
+    check_content_type(headers)
+    data = parse_json_object(body)
+    validate_fields(path, data)
+    rid = None
+    if path in RID_PATHS:
+        body, rid = with_rid(body, data)
+    model = data.get("model")
+    inbound = Inbound(
+        path=path,
+        body=body,
+        stream=bool(data.get("stream")),
+        model=model if isinstance(model, str) else None,
+        session=session_of(headers, data, session_headers),
+        pin=pin_of(headers, allow_pin),
+        rid=rid,
+    )
+    return inbound, data
+
+
+def upstream_headers(headers: Headers, api_key: str | None) -> list[tuple[str, str]]:
+    kept = [
+        (key.decode("latin-1"), value.decode("latin-1"))
+        for key, value in headers
+        if key not in _DROP_REQUEST_HEADERS
+    ]
+    if api_key:
+        kept.append(("Authorization", f"Bearer {api_key}"))
+    return kept
+
+
+def bearer_token(headers: Headers) -> str | None:
+    """The client's key: `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic)."""
+    auth = header(headers, b"authorization")
+    if auth and auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return header(headers, b"x-api-key")

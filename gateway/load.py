@@ -1,0 +1,131 @@
+"""Routing state: exact in-flight counts, the mode, sessions, and what the monitor learned.
+
+One `Router` per app. `admit()` takes a decision and counts the request in the same
+synchronous step (no await between), so two concurrent requests always see each other.
+The returned `Lease` is released exactly once, whatever path the request ends by; callers
+release it in `finally`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from gateway.config import BACKEND_NAMES, BackendName, Routing
+from gateway.policy import BackendView, Decision, Mode, RequestFacts, Snapshot, decide
+
+
+@dataclass
+class BackendHealth:
+    """Written by the monitor and the circuit breaker; read at decision time."""
+
+    up: bool = True
+    circuit_open: bool = False
+    effective_cap: int | None = None
+    accept_length: float | None = None
+    reported_running: int | None = None
+    reported_waiting: int | None = None
+    reported_at: float = float("-inf")  # monotonic time of the last /v1/loads reading
+
+
+class SessionMap:
+    """Session id -> backend of its last turn, least recently used forgotten first."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[str, BackendName] = OrderedDict()
+
+    def get(self, session: str | None) -> BackendName | None:
+        if session is None or session not in self._entries:
+            return None
+        self._entries.move_to_end(session)
+        return self._entries[session]
+
+    def put(self, session: str | None, backend: BackendName) -> None:
+        if session is None or self._capacity == 0:
+            return
+        self._entries[session] = backend
+        self._entries.move_to_end(session)
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+@dataclass
+class Lease:
+    """One admitted request's claim on a backend's in-flight count."""
+
+    router: Router
+    decision: Decision
+    backend: BackendName
+    released: bool = field(default=False)
+
+    def move_to(self, backend: BackendName) -> None:
+        """Retry elsewhere before any byte went out: the count follows the request."""
+        if self.released or backend == self.backend:
+            return
+        self.router.inflight[self.backend] -= 1
+        self.router.inflight[backend] += 1
+        self.backend = backend
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.router.inflight[self.backend] -= 1
+            self.router.served[self.backend] += 1
+
+
+class Router:
+    def __init__(self, routing: Routing, *, loads_max_age_s: float = 3.0,
+                 use_backend_loads: bool = False) -> None:
+        self.routing = routing
+        self.mode: Mode = "mtp"
+        self.mode_since = time.monotonic()
+        self.inflight: dict[BackendName, int] = {name: 0 for name in BACKEND_NAMES}
+        self.served: dict[BackendName, int] = {name: 0 for name in BACKEND_NAMES}  # finished
+        self.health: dict[BackendName, BackendHealth] = {n: BackendHealth() for n in BACKEND_NAMES}
+        self.sessions = SessionMap(routing.max_sessions)
+        self.loads_max_age_s = loads_max_age_s
+        self.use_backend_loads = use_backend_loads
+
+    @property
+    def concurrency(self) -> int:
+        return sum(self.inflight.values())
+
+    def update_routing(self, routing: Routing) -> None:
+        if routing.max_sessions != self.routing.max_sessions:
+            self.sessions._capacity = routing.max_sessions
+        self.routing = routing
+
+    def snapshot(self, now: float) -> Snapshot:
+        return Snapshot(self.mode, self.mode_since,
+                        {name: self._view(name, now) for name in BACKEND_NAMES})
+
+    def _view(self, name: BackendName, now: float) -> BackendView:
+        health = self.health[name]
+        fresh = self.use_backend_loads and now - health.reported_at <= self.loads_max_age_s
+        reported = None
+        if fresh and health.reported_running is not None:
+            reported = health.reported_running + (health.reported_waiting or 0)
+        return BackendView(
+            healthy=health.up and not health.circuit_open,
+            inflight=self.inflight[name],
+            effective_cap=health.effective_cap,
+            reported_load=reported,
+        )
+
+    def admit(self, facts: RequestFacts, now: float | None = None) -> Decision | Lease:
+        """Decide and count. Returns the Decision alone when there is no backend."""
+        now = time.monotonic() if now is None else now
+        decision = decide(self.snapshot(now), facts, self.routing, now)
+        self.mode, self.mode_since = decision.mode, decision.mode_since
+        if decision.backend is None:
+            return decision
+        self.inflight[decision.backend] += 1
+        return Lease(self, decision, decision.backend)
+
+    def remember_session(self, session: str | None, backend: BackendName) -> None:
+        self.sessions.put(session, backend)

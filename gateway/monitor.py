@@ -1,0 +1,162 @@
+"""What the gateway learns about its backends: active probes and passive failure counting.
+
+`Monitor` is one background task owned by the app's lifespan. Every `interval_s` it reads
+each backend's `/v1/loads` (cheap: SGLang serves a snapshot; `/health` runs a generation and
+takes over a second, so it would misfire under load) and, less often, `/server_info` for the
+effective running cap and the speculative accept length, and `/v1/models` for the served
+model. Probes mark a backend down after `fall` failures and up after `rise` successes.
+
+`CircuitBreaker` counts failures of real requests: `circuit_failures` in a row open the
+circuit for `circuit_open_s`; then one trial is let through (half-open): success closes it,
+failure opens it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import BACKEND_NAMES, BackendName, Settings
+from gateway.errors import GatewayError
+from gateway.load import Router
+from gateway.upstream import Upstream
+
+log = logging.getLogger("mtp_gateway.monitor")
+
+SERVER_INFO_EVERY = 5  # probes between /server_info reads (the cap rarely changes)
+
+
+class CircuitBreaker:
+    def __init__(self, router: Router, failures_to_open: int, open_s: float) -> None:
+        self.router = router
+        self.failures_to_open = failures_to_open
+        self.open_s = open_s
+        self.failures: dict[BackendName, int] = {name: 0 for name in BACKEND_NAMES}
+        self._timers: dict[BackendName, asyncio.TimerHandle] = {}
+
+    def success(self, backend: BackendName) -> None:
+        self.failures[backend] = 0
+        self.router.health[backend].circuit_open = False
+
+    def failure(self, backend: BackendName) -> None:
+        self.failures[backend] += 1
+        if self.failures[backend] >= self.failures_to_open and not self._is_open(backend):
+            log.warning("circuit for %s opened after %d failures", backend, self.failures[backend])
+            self.router.health[backend].circuit_open = True
+            loop = asyncio.get_running_loop()
+            self._timers[backend] = loop.call_later(self.open_s, self._half_open, backend)
+
+    def _is_open(self, backend: BackendName) -> bool:
+        return self.router.health[backend].circuit_open
+
+    def _half_open(self, backend: BackendName) -> None:
+        # Failures stay at the threshold: the next failure reopens at once, a success resets.
+        self._timers.pop(backend, None)
+        self.router.health[backend].circuit_open = False
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+
+@dataclass
+class ProbeStreak:
+    good: int = 0
+    bad: int = 0
+
+
+def parse_server_info(info: Any) -> tuple[int | None, float | None]:
+    """(effective running cap, accept length) from SGLang's /server_info."""
+    if not isinstance(info, dict):
+        return None, None
+    states = info.get("internal_states") or [{}]
+    state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    cap = state.get("effective_max_running_requests_per_dp", info.get("max_running_requests"))
+    accept = state.get("avg_spec_accept_length")
+    return (int(cap) if isinstance(cap, int | float) else None,
+            float(accept) if isinstance(accept, int | float) else None)
+
+
+def parse_loads(loads: Any) -> tuple[int, int] | None:
+    """(running, waiting) summed over DP ranks from /v1/loads (0.5.23 and 0.5.10 shapes)."""
+    if not isinstance(loads, dict) or not isinstance(loads.get("loads"), list):
+        return None
+    running = waiting = 0
+    for rank in loads["loads"]:
+        if isinstance(rank, dict):
+            running += int(rank.get("num_running_reqs", 0))
+            waiting += int(rank.get("num_waiting_reqs", 0))
+    return running, waiting
+
+
+def parse_models(models: Any) -> set[str]:
+    if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+        return set()
+    return {m["id"] for m in models["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)}
+
+
+class Monitor:
+    def __init__(self, settings: Settings, router: Router, upstream: Upstream) -> None:
+        self.settings = settings
+        self.router = router
+        self.upstream = upstream
+        self.streaks = {name: ProbeStreak() for name in BACKEND_NAMES}
+        self.models: dict[BackendName, set[str]] = {name: set() for name in BACKEND_NAMES}
+        self.model_payload: dict[str, Any] | None = None  # one backend's /v1/models answer
+        self._rounds = 0
+
+    def served_models(self) -> set[str]:
+        return set().union(*self.models.values())
+
+    async def run(self) -> None:
+        while True:
+            await self.probe_all()
+            await asyncio.sleep(self.settings.monitor.interval_s)
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(name) for name in BACKEND_NAMES))
+        self._rounds += 1
+
+    async def probe(self, name: BackendName) -> None:
+        backend = self.settings.backends.get(name)
+        budget = self.settings.monitor.request_timeout_s
+        headers = [("Authorization", f"Bearer {backend.api_key}")] if backend.api_key else []
+        health = self.router.health[name]
+        try:
+            loads = await self.upstream.get_json(backend.url + "/v1/loads", headers, budget)
+            if self._rounds % SERVER_INFO_EVERY == 0 or health.effective_cap is None:
+                info = await self.upstream.get_json(backend.url + "/server_info", headers, budget)
+                health.effective_cap, health.accept_length = parse_server_info(info)
+            if not self.models[name]:
+                models = await self.upstream.get_json(backend.url + "/v1/models", headers, budget)
+                self.models[name] = parse_models(models)
+                if isinstance(models, dict) and self.models[name]:
+                    self.model_payload = models
+        except GatewayError as exc:
+            self._probe_failed(name, exc.message)
+            return
+        running_waiting = parse_loads(loads)
+        if running_waiting is not None:
+            health.reported_running, health.reported_waiting = running_waiting
+            health.reported_at = time.monotonic()
+        self._probe_ok(name)
+
+    def _probe_ok(self, name: BackendName) -> None:
+        streak = self.streaks[name]
+        streak.good, streak.bad = streak.good + 1, 0
+        health = self.router.health[name]
+        if not health.up and streak.good >= self.settings.monitor.rise:
+            log.warning("backend %s is up", name)
+            health.up = True
+
+    def _probe_failed(self, name: BackendName, why: str) -> None:
+        streak = self.streaks[name]
+        streak.good, streak.bad = 0, streak.bad + 1
+        health = self.router.health[name]
+        if health.up and streak.bad >= self.settings.monitor.fall:
+            log.warning("backend %s is down: %s", name, why)
+            health.up = False

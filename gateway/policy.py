@@ -1,0 +1,131 @@
+"""The routing decision: a pure function of a state snapshot. No I/O, no clock, no globals.
+
+`decide(snapshot, facts, routing, now)` returns which backend serves the next request, why,
+and the routing mode after the decision. The caller (load.Router) owns the state and applies
+the returned mode; tests drive this function with plain values.
+
+The `crossover` policy keeps a mode in {mtp, plain}:
+- mtp -> plain as soon as live concurrency reaches `crossover` (throughput must not wait);
+- plain -> mtp only when concurrency has fallen to `crossover - hysteresis` and the plain
+  mode has lasted `min_dwell_s`, so a busy boundary does not flap;
+- inside the band (crossover - hysteresis, crossover) a session stays where its prefix is cached;
+- the capacity guard sends a request to plain rather than queue it behind MTP's running cap;
+- an unhealthy backend is skipped; with none healthy there is no backend (503).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.config import BackendName, Routing
+
+Mode = Literal["mtp", "plain"]
+Reason = Literal[
+    "below_crossover",
+    "above_crossover",
+    "hysteresis_hold",
+    "mtp_at_capacity",
+    "failover",
+    "session_affinity",
+    "pinned",
+    "static_policy",
+    "no_backend",
+]
+REASONS: tuple[Reason, ...] = Reason.__args__  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendView:
+    """What the router knows about one backend at decision time."""
+
+    healthy: bool = True
+    inflight: int = 0  # requests the gateway has in flight there (exact)
+    effective_cap: int | None = None  # running-request cap from /server_info, if known
+    reported_load: int | None = None  # running + waiting from /v1/loads, only when fresh
+
+    @property
+    def load(self) -> int:
+        """The higher of our own count and the backend's (traffic that bypasses us)."""
+        return max(self.inflight, self.reported_load or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    mode: Mode
+    mode_since: float
+    backends: Mapping[BackendName, BackendView]
+
+    @property
+    def concurrency(self) -> int:
+        return sum(view.load for view in self.backends.values())
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    session_backend: BackendName | None = None  # where this session's last turn ran
+    pin: BackendName | None = None  # client pin, already checked against allow_pin_header
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    backend: BackendName | None  # None: no healthy backend
+    reason: Reason
+    mode: Mode
+    mode_since: float
+
+
+def other(backend: BackendName) -> BackendName:
+    return "plain" if backend == "mtp" else "mtp"
+
+
+def next_mode(snapshot: Snapshot, routing: Routing, now: float) -> tuple[Mode, float]:
+    """Apply the hysteresis rule to the current concurrency."""
+    level = snapshot.concurrency
+    if snapshot.mode == "mtp" and level >= routing.crossover:
+        return "plain", now
+    if snapshot.mode == "plain" and level <= routing.crossover - routing.hysteresis:
+        if now - snapshot.mode_since >= routing.min_dwell_s:
+            return "mtp", now
+    return snapshot.mode, snapshot.mode_since
+
+
+def _crossover_choice(
+    snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode
+) -> tuple[BackendName, Reason]:
+    level = snapshot.concurrency
+    in_band = routing.crossover - routing.hysteresis < level < routing.crossover
+    if in_band and routing.session_affinity and facts.session_backend is not None:
+        return facts.session_backend, "session_affinity"
+    if mode == "mtp":
+        return "mtp", "below_crossover"
+    if level >= routing.crossover:
+        return "plain", "above_crossover"
+    return "plain", "hysteresis_hold"
+
+
+def _over_capacity(view: BackendView) -> bool:
+    return view.effective_cap is not None and view.load >= view.effective_cap
+
+
+def decide(snapshot: Snapshot, facts: RequestFacts, routing: Routing, now: float) -> Decision:
+    mode, since = next_mode(snapshot, routing, now)
+    if routing.policy == "crossover":
+        backend, reason = _crossover_choice(snapshot, facts, routing, mode)
+    else:
+        backend, reason = ("mtp" if routing.policy == "mtp-only" else "plain"), "static_policy"
+    if facts.pin is not None:
+        backend, reason = facts.pin, "pinned"
+
+    views = snapshot.backends
+    guard_applies = routing.capacity_guard and reason not in ("pinned", "static_policy")
+    if guard_applies and backend == "mtp" and _over_capacity(views["mtp"]):
+        if views["plain"].healthy:
+            backend, reason = "plain", "mtp_at_capacity"
+    if not views[backend].healthy:
+        fallback = other(backend)
+        if not views[fallback].healthy:
+            return Decision(None, "no_backend", mode, since)
+        backend, reason = fallback, "failover"
+    return Decision(backend, reason, mode, since)

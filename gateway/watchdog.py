@@ -1,0 +1,90 @@
+"""One timer per request for every deadline, instead of a timeout context per chunk.
+
+The relay's hot loop only stores a timestamp per chunk. When a deadline passes (first byte,
+idle, total), the client disconnects, or the stream has been silent long enough to need a
+keep-alive comment, the watchdog cancels the request's task and records why; the relay
+catches the CancelledError, reads `reason`, and either ends the request cleanly or, for a
+keep-alive, uncancels, writes the comment and reads on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.config import Timeouts
+
+KEEPALIVE = "keepalive"
+CLIENT_GONE = "client_disconnect"
+
+
+class Watchdog:
+    def __init__(self, timeouts: Timeouts, task: asyncio.Task[object], *, keepalive: bool) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = task
+        self._timeouts = timeouts
+        started = self._started = self._loop.time()  # the loop's clock: timers run on it
+        self._keepalive_s = timeouts.keepalive_s if keepalive else 0.0
+        self.reason: str | None = None
+        self.last_activity = started
+        self.first_byte_seen = False
+        self.reading = False  # True only while awaiting upstream bytes: safe to interrupt
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self._arm()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def got_bytes(self) -> None:
+        self.first_byte_seen = True
+        self.last_activity = self._loop.time()
+
+    def kick(self, reason: str) -> None:
+        """Interrupt the request now (client gone, shutdown)."""
+        if self.reason is None or self.reason == KEEPALIVE:
+            self.reason = reason
+            self._task.cancel()
+
+    def handled_keepalive(self) -> None:
+        """The relay wrote a keep-alive comment: clear the interruption and re-arm."""
+        self.reason = None
+        self._task.uncancel()
+        self.last_activity = self._loop.time()
+        self._arm()
+
+    def _deadlines(self) -> list[tuple[float, str]]:
+        t = self._timeouts
+        deadlines = [(self._started + t.total_s, "timeout_total")]
+        if self.first_byte_seen:
+            deadlines.append((self.last_activity + t.idle_s, "timeout_idle"))
+        else:
+            deadlines.append((self._started + t.first_byte_s, "timeout_first_byte"))
+        if self._keepalive_s > 0:
+            deadlines.append((self.last_activity + self._keepalive_s, KEEPALIVE))
+        return deadlines
+
+    def _arm(self) -> None:
+        self.stop()
+        when = min(deadline for deadline, _ in self._deadlines())
+        self._handle = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        if self.reason is not None:
+            return
+        now = self._loop.time()
+        due = [reason for deadline, reason in self._deadlines() if deadline <= now]
+        timeouts = [reason for reason in due if reason != KEEPALIVE]
+        if timeouts:
+            self.kick(timeouts[0])
+            return
+        if due and self.reading:
+            self.kick(KEEPALIVE)
+            return
+        if due:  # silent but busy writing to a slow client: look again shortly
+            self._handle = self._loop.call_at(now + 0.5, self._fire)
+            return
+        self._arm()
