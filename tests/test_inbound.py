@@ -1,0 +1,93 @@
+"""Request parsing: what the gateway reads from a request, and what it forwards."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.errors import BadRequest, UnsupportedMediaType
+from gateway.inbound import parse_inbound, upstream_headers, with_rid
+
+JSON = [(b"content-type", b"application/json")]
+SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "thread-id")
+
+
+def parse(body: bytes, headers=JSON, path: str = "/v1/chat/completions", allow_pin: bool = False):
+    return parse_inbound(path, headers, body, session_headers=SESSION_HEADERS, allow_pin=allow_pin)
+
+
+def test_rid_is_spliced_in_without_reencoding_the_body() -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "\\u00e9 caf\xc3\xa9"}]}'
+    inbound, _ = parse(body)
+    assert inbound.rid is not None and len(inbound.rid) == 32
+    assert inbound.body.endswith(body[1:])  # the client's bytes follow untouched
+    assert json.loads(inbound.body)["rid"] == inbound.rid
+
+
+def test_client_rid_is_kept() -> None:
+    inbound, _ = parse(b'{"rid": "abc", "messages": []}')
+    assert (inbound.rid, inbound.body) == ("abc", b'{"rid": "abc", "messages": []}')
+
+
+def test_rid_only_where_sglang_takes_it() -> None:
+    body = b'{"model": "m", "messages": [], "max_tokens": 5}'
+    inbound, _ = parse(body, path="/v1/messages")
+    assert (inbound.rid, inbound.body) == (None, body)
+
+
+def test_empty_object_gets_a_valid_rid() -> None:
+    body, rid = with_rid(b"{}", {})
+    assert json.loads(body) == {"rid": rid}
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b"{bad", "not valid JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    (b'{"messages": "hi"}', "'messages' must be an array"),
+    (b'{"prompt": "x"}', "missing required field 'messages'"),
+    (b'{"messages": [], "stream": "yes"}', "'stream' must be a boolean"),
+    (b'{"messages": [], "model": 7}', "'model' must be a string"),
+    (b'{"messages": ["\xff\xfe"]}', "not valid"),
+])
+def test_bad_bodies_are_client_errors(body: bytes, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        parse(body)
+
+
+def test_content_type_must_be_json() -> None:
+    with pytest.raises(UnsupportedMediaType):
+        parse(b'{"messages": []}', headers=[(b"content-type", b"text/plain")])
+    inbound, _ = parse(b'{"messages": []}', headers=[(b"content-type", b"application/json; charset=utf-8")])
+    assert inbound.stream is False
+
+
+@pytest.mark.parametrize(("headers", "body", "session"), [
+    ([(b"x-session-id", b"open-1")], b'{"messages": [], "user": "u"}', "open-1"),
+    ([(b"x-claude-code-session-id", b"cc-1")], b'{"messages": []}', "cc-1"),
+    ([(b"thread-id", b"codex-1")], b'{"messages": []}', "codex-1"),
+    ([], b'{"messages": [], "user": "u-7"}', "u-7"),
+    ([], b'{"messages": [], "metadata": {"user_id": "anthropic-u"}}', "anthropic-u"),
+    ([], b'{"messages": []}', None),
+])
+def test_session_identity(headers, body, session) -> None:
+    inbound, _ = parse(body, headers=JSON + headers)
+    assert inbound.session == session
+
+
+def test_pin_only_when_allowed() -> None:
+    pinned = [*JSON, (b"x-gateway-pin", b"plain")]
+    assert parse(b'{"messages": []}', headers=pinned)[0].pin is None
+    assert parse(b'{"messages": []}', headers=pinned, allow_pin=True)[0].pin == "plain"
+    with pytest.raises(BadRequest, match="x-gateway-pin"):
+        parse(b'{"messages": []}', headers=[*JSON, (b"x-gateway-pin", b"gpu9")], allow_pin=True)
+
+
+def test_client_credentials_and_hop_headers_never_go_upstream() -> None:
+    client = [(b"authorization", b"Bearer client-key"), (b"x-api-key", b"k2"), (b"cookie", b"c"),
+              (b"connection", b"keep-alive"), (b"host", b"gw"), (b"content-length", b"10"),
+              (b"x-session-id", b"s"), (b"content-type", b"application/json")]
+    forwarded = dict(upstream_headers(client, api_key="backend-key"))
+    assert forwarded == {"x-session-id": "s", "content-type": "application/json",
+                         "Authorization": "Bearer backend-key"}
+    assert "Authorization" not in dict(upstream_headers(client, api_key=None))

@@ -1,0 +1,101 @@
+"""The routing decision, table-driven: one row per reason and per boundary."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import Routing
+from gateway.policy import BackendView, RequestFacts, Snapshot, decide
+
+ROUTING = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0)
+
+
+def snap(mode: str = "mtp", since: float = 0.0, mtp: int = 0, plain: int = 0, *,
+         mtp_up: bool = True, plain_up: bool = True, cap: int | None = 24,
+         mtp_reported: int | None = None) -> Snapshot:
+    return Snapshot(mode, since, {  # type: ignore[arg-type]
+        "mtp": BackendView(healthy=mtp_up, inflight=mtp, effective_cap=cap,
+                           reported_load=mtp_reported),
+        "plain": BackendView(healthy=plain_up, inflight=plain),
+    })
+
+
+CASES = [
+    # (name, snapshot, facts, now, expected backend, reason, mode after)
+    ("quiet goes to mtp", snap(mtp=0), RequestFacts(), 10, "mtp", "below_crossover", "mtp"),
+    ("one below crossover stays mtp", snap(mtp=23), RequestFacts(), 10, "mtp", "below_crossover", "mtp"),
+    ("reaching crossover flips to plain", snap(mtp=20, plain=4), RequestFacts(), 10,
+     "plain", "above_crossover", "plain"),
+    ("plain mode above crossover", snap("plain", 0, 10, 30), RequestFacts(), 10,
+     "plain", "above_crossover", "plain"),
+    ("inside the band plain holds", snap("plain", 0, 0, 20), RequestFacts(), 10,
+     "plain", "hysteresis_hold", "plain"),
+    ("at crossover - hysteresis returns to mtp", snap("plain", 0, 0, 18), RequestFacts(), 10,
+     "mtp", "below_crossover", "mtp"),
+    ("dwell not yet passed holds plain", snap("plain", 8, 0, 2), RequestFacts(), 10,
+     "plain", "hysteresis_hold", "plain"),
+    ("session affinity decides inside the band", snap("plain", 0, 0, 20),
+     RequestFacts(session_backend="mtp"), 10, "mtp", "session_affinity", "plain"),
+    ("affinity does not apply below the band", snap("mtp", 0, 5, 0),
+     RequestFacts(session_backend="plain"), 10, "mtp", "below_crossover", "mtp"),
+    ("affinity does not apply above crossover", snap("plain", 0, 0, 30),
+     RequestFacts(session_backend="mtp"), 10, "plain", "above_crossover", "plain"),
+    ("capacity guard: mtp full goes to plain", snap(mtp=24, cap=24, plain=0),
+     RequestFacts(), 10, "plain", "above_crossover", "plain"),
+    ("capacity guard with a low cap", snap(mtp=8, cap=8), RequestFacts(), 10,
+     "plain", "mtp_at_capacity", "mtp"),
+    ("bypass traffic counts toward the cap", snap(mtp=2, cap=8, mtp_reported=8), RequestFacts(),
+     10, "plain", "mtp_at_capacity", "mtp"),
+    ("affinity to a full mtp is overruled", snap("plain", 0, 8, 12, cap=8),
+     RequestFacts(session_backend="mtp"), 10, "plain", "mtp_at_capacity", "plain"),
+    ("pin wins over the mode", snap("plain", 0, 0, 40), RequestFacts(pin="mtp"), 10,
+     "mtp", "pinned", "plain"),
+    ("pin is not capacity-guarded", snap(mtp=8, cap=8), RequestFacts(pin="mtp"), 10,
+     "mtp", "pinned", "mtp"),
+    ("mtp down fails over", snap(mtp_up=False), RequestFacts(), 10, "plain", "failover", "mtp"),
+    ("plain down fails over", snap("plain", 0, 0, 30, plain_up=False), RequestFacts(), 10,
+     "mtp", "failover", "plain"),
+    ("pinned to a dead backend fails over", snap(mtp_up=False), RequestFacts(pin="mtp"), 10,
+     "plain", "failover", "mtp"),
+    ("both down: no backend", snap(mtp_up=False, plain_up=False), RequestFacts(), 10,
+     None, "no_backend", "mtp"),
+]
+
+
+@pytest.mark.parametrize(("name", "snapshot", "facts", "now", "backend", "reason", "mode"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_crossover_policy(name, snapshot, facts, now, backend, reason, mode) -> None:
+    decision = decide(snapshot, facts, ROUTING, now)
+    assert (decision.backend, decision.reason, decision.mode) == (backend, reason, mode)
+
+
+def test_mode_change_records_when() -> None:
+    decision = decide(snap(mtp=24, cap=None), RequestFacts(), ROUTING, now=42.0)
+    assert (decision.mode, decision.mode_since) == ("plain", 42.0)
+    held = decide(snap("plain", 42.0, 0, 30), RequestFacts(), ROUTING, now=50.0)
+    assert held.mode_since == 42.0
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("mtp-only", "mtp"), ("plain-only", "plain")])
+def test_static_policies_ignore_load(policy: str, expected: str) -> None:
+    routing = Routing(policy=policy)  # type: ignore[arg-type]
+    for load in (0, 100):
+        decision = decide(snap("mtp", 0, load, load, cap=8), RequestFacts(), routing, 10)
+        assert (decision.backend, decision.reason) == (expected, "static_policy")
+
+
+def test_static_policy_still_fails_over() -> None:
+    decision = decide(snap(mtp_up=False), RequestFacts(), Routing(policy="mtp-only"), 10)
+    assert (decision.backend, decision.reason) == ("plain", "failover")
+
+
+def test_capacity_guard_can_be_turned_off() -> None:
+    routing = Routing(crossover=24, hysteresis=6, capacity_guard=False)
+    assert decide(snap(mtp=8, cap=8), RequestFacts(), routing, 10).backend == "mtp"
+
+
+def test_every_reason_is_covered_by_the_table() -> None:
+    from gateway.policy import REASONS
+
+    seen = {case[5] for case in CASES} | {"static_policy"}
+    assert seen == set(REASONS)
