@@ -1,0 +1,322 @@
+"""The engine model of one SGLang server, independent of HTTP and of any clock.
+
+A driver (virtual time in :mod:`gateway.sim.virtual`, real time in :mod:`gateway.sim.live`)
+repeatedly calls :meth:`Engine.begin_step`, waits ``step.duration_s`` on its clock (and on the
+shared device), then calls :meth:`Engine.finish_step` and delivers the returned outputs.
+
+Scheduling follows SGLang's: a FIFO waiting queue; a running set bounded by the profile's
+effective cap; a prefill step (chunked to ``chunked_prefill_size`` uncached tokens) whenever a
+request is being prefilled or can be admitted, which delays the decode of everything running;
+otherwise one decode step for the whole running batch. With speculation each request's decode
+step emits ``accepted drafts + 1`` tokens at once, as one SSE chunk does in SGLang.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gateway.sim.profile import Profile
+
+# Prefix-cache granularity in tokens: a prompt is cached in whole blocks, like paged KV.
+CACHE_BLOCK_TOKENS = 64
+# Windows for the "recent" figures SGLang reports (it logs every 40 decode batches).
+RECENT_STEPS = 40
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the engine needs to know about one generation request."""
+
+    rid: str
+    prompt: Sequence[int]
+    output_len: int
+    greedy: bool = False  # temperature 0: on a repeated-token prompt every draft is right
+    accept_prob: float | None = None  # overrides the profile's draft acceptance probability
+
+
+@dataclass(frozen=True)
+class Output:
+    """What one step produced for one request: new tokens and/or the end of it."""
+
+    rid: str
+    tokens: int
+    first: bool = False
+    finish_reason: str | None = None  # "length" when output_len is reached, "abort" otherwise
+
+
+@dataclass(eq=False)  # identity, not field equality: pools hold distinct requests
+class _Seq:
+    request: Request
+    accept_prob: float
+    uncached: int = 0  # prompt tokens still to compute in prefill
+    generated: int = 0
+    abort_at_step_end: bool = False
+    gone: bool = False  # aborted while a step that contains it was running
+
+
+@dataclass(eq=False)
+class Step:
+    """A step in flight: which sequences it covers and how long it takes on the device."""
+
+    kind: str  # "prefill" or "decode"
+    duration_s: float
+    seqs: list[_Seq]
+    prefill_tokens: list[int] = field(default_factory=list)  # per seq, prefill steps only
+    aborting: list[_Seq] = field(default_factory=list)  # freed when this step ends
+
+
+class QueueFullError(Exception):
+    """The waiting queue is at ``max_queued_requests`` (SGLang answers HTTP 503)."""
+
+
+class PrefixCache:
+    """Prompt prefixes seen before, LRU by tokens, matched in whole blocks."""
+
+    def __init__(self, capacity_tokens: int) -> None:
+        self._capacity_blocks = capacity_tokens // CACHE_BLOCK_TOKENS
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    @staticmethod
+    def _keys(prompt: Sequence[int]) -> list[int]:
+        # Each key hashes the whole prefix up to its block, so a block only matches in context.
+        keys, key = [], 0
+        for start in range(0, len(prompt) - CACHE_BLOCK_TOKENS + 1, CACHE_BLOCK_TOKENS):
+            key = hash((key, tuple(prompt[start : start + CACHE_BLOCK_TOKENS])))
+            keys.append(key)
+        return keys
+
+    def match(self, prompt: Sequence[int]) -> int:
+        """Number of leading prompt tokens already cached (and mark them recently used)."""
+        matched = 0
+        for key in self._keys(prompt):
+            if key not in self._blocks:
+                break
+            self._blocks.move_to_end(key)
+            matched += CACHE_BLOCK_TOKENS
+        return matched
+
+    def insert(self, prompt: Sequence[int]) -> None:
+        for key in self._keys(prompt):
+            self._blocks[key] = None
+            self._blocks.move_to_end(key)
+        while len(self._blocks) > self._capacity_blocks:
+            self._blocks.popitem(last=False)
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters, the figures /server_info, /v1/loads and /metrics report."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    spec_verify_ct: int = 0  # request-steps verified by the target model
+    spec_accepted_tokens: int = 0  # tokens those steps emitted, bonus token included
+    spec_accepted_drafts: int = 0
+    spec_proposed_drafts: int = 0
+    peak_running: int = 0
+    recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+
+    @property
+    def avg_spec_accept_length(self) -> float:
+        """SGLang's cumulative accepted tokens per verify (>= 1.0; 0.0 before any)."""
+        return self.spec_accepted_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
+
+    @property
+    def spec_accept_rate(self) -> float:
+        """Accepted drafts / proposed drafts (SGLang 0.5.23's definition)."""
+        if not self.spec_proposed_drafts:
+            return 0.0
+        return self.spec_accepted_drafts / self.spec_proposed_drafts
+
+    @property
+    def gen_throughput(self) -> float:
+        """Tokens per second of device time over the last few decode steps."""
+        seconds = sum(d for d, _ in self.recent)
+        return sum(n for _, n in self.recent) / seconds if seconds else 0.0
+
+
+class Engine:
+    """Continuous batching for one backend; see the module docstring for the step protocol."""
+
+    def __init__(self, profile: Profile, rng: random.Random) -> None:
+        self.profile = profile
+        self.stats = EngineStats()
+        self._rng = rng
+        self._cache = PrefixCache(profile.prefix_cache_tokens)
+        self._waiting: deque[_Seq] = deque()
+        self._prefilling: list[_Seq] = []  # admitted, prompt partly computed (holds a slot)
+        self._running: list[_Seq] = []  # decoding
+        self._by_rid: dict[str, _Seq] = {}
+
+    # --- state -------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running) + len(self._prefilling)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._prefilling or self._running)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._by_rid
+
+    # --- requests in and out -----------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Queue a request. Raises QueueFullError or ValueError (duplicate rid, bad sizes)."""
+        if request.rid in self._by_rid:
+            raise ValueError(f"Duplicate request ID: {request.rid}")
+        if request.output_len < 1 or not request.prompt:
+            raise ValueError("a request needs a prompt and output_len >= 1")
+        limit = self.profile.max_queued_requests
+        if limit is not None and len(self._waiting) >= limit:
+            raise QueueFullError("The request queue is full.")
+        seq = _Seq(request, self._accept_prob(request))
+        self._waiting.append(seq)
+        self._by_rid[request.rid] = seq
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> list[str]:
+        """Free matching requests at once (prefix match on rid, as SGLang's scheduler does)."""
+        aborted = [r for r in self._by_rid if abort_all or (rid and r.startswith(rid))]
+        for r in aborted:
+            self._remove(self._by_rid[r])
+        return aborted
+
+    def abort_after_next_step(self, rid: str) -> bool:
+        """Client gone: a queued request leaves now (returns True), a running one is freed
+        at the end of the next step (its finish_step output says "abort")."""
+        seq = self._by_rid.get(rid)
+        if seq is None:
+            return False
+        if seq in self._waiting:
+            self._remove(seq)
+            return True
+        seq.abort_at_step_end = True
+        return False
+
+    def _remove(self, seq: _Seq) -> None:
+        seq.gone = True
+        del self._by_rid[seq.request.rid]
+        for pool in (self._waiting, self._prefilling, self._running):
+            if seq in pool:
+                pool.remove(seq)
+
+    def _accept_prob(self, request: Request) -> float:
+        if request.accept_prob is not None:
+            return request.accept_prob
+        repetitive = request.greedy and len(set(request.prompt[:256])) == 1
+        return self.profile.accept_prob_repetitive if repetitive else self.profile.accept_prob
+
+    # --- steps -------------------------------------------------------------------------
+
+    def begin_step(self) -> Step | None:
+        """Plan the next step, or None when there is nothing to do."""
+        aborting = [s for s in self._prefilling + self._running if s.abort_at_step_end]
+        step = self._plan_prefill() or self._plan_decode()
+        if step is not None:
+            step.aborting = aborting
+        return step
+
+    def _plan_prefill(self) -> Step | None:
+        budget = self.profile.chunked_prefill_size
+        seqs, tokens = [], []
+        for seq in self._prefilling:  # a chunked prompt continues before anything new
+            if budget <= 0:
+                break
+            take = min(seq.uncached, budget)
+            seqs.append(seq)
+            tokens.append(take)
+            budget -= take
+        while budget > 0 and self._waiting and self.num_running < self.profile.effective_max_running:
+            seq = self._waiting.popleft()
+            self._admit(seq)
+            take = min(seq.uncached, budget)
+            seqs.append(seq)
+            tokens.append(take)
+            budget -= take
+        if not seqs:
+            return None
+        return Step("prefill", self.profile.prefill_step_s(sum(tokens)), seqs, tokens)
+
+    def _admit(self, seq: _Seq) -> None:
+        prompt = seq.request.prompt
+        cached = min(self._cache.match(prompt), len(prompt) - 1)  # the last token is always computed
+        seq.uncached = len(prompt) - cached
+        self.stats.prompt_tokens += len(prompt)
+        self.stats.cached_tokens += cached
+        self._prefilling.append(seq)
+
+    def _plan_decode(self) -> Step | None:
+        if not self._running:
+            return None
+        batch = list(self._running)
+        return Step("decode", self.profile.decode_step_s(len(batch)), batch)
+
+    def finish_step(self, step: Step) -> list[Output]:
+        """Apply a finished step; returns what each request got (in batch order)."""
+        if step.kind == "prefill":
+            outputs = self._finish_prefill(step)
+        else:
+            outputs = self._finish_decode(step)
+        for seq in step.aborting:
+            if not seq.gone:
+                self._remove(seq)
+                outputs.append(Output(seq.request.rid, 0, finish_reason="abort"))
+        self.stats.peak_running = max(self.stats.peak_running, self.num_running)
+        return outputs
+
+    def _finish_prefill(self, step: Step) -> list[Output]:
+        outputs = []
+        for seq, take in zip(step.seqs, step.prefill_tokens, strict=True):
+            if seq.gone:
+                continue
+            seq.uncached -= take
+            if seq.uncached > 0:
+                continue
+            # Prefill done: the forward pass that completes the prompt samples the first token.
+            self._cache.insert(seq.request.prompt)
+            self._prefilling.remove(seq)
+            self._running.append(seq)
+            outputs.append(self._emit(seq, 1, first=True))
+        return outputs
+
+    def _finish_decode(self, step: Step) -> list[Output]:
+        outputs, emitted = [], 0
+        for seq in step.seqs:
+            if seq.gone:
+                continue
+            n = self._speculate(seq) if self.profile.speculative else 1
+            n = min(n, seq.request.output_len - seq.generated)
+            emitted += n
+            outputs.append(self._emit(seq, n))
+        self.stats.recent.append((step.duration_s, emitted))
+        return outputs
+
+    def _speculate(self, seq: _Seq) -> int:
+        """Drafts accepted until the first rejection, plus the target model's bonus token."""
+        steps = self.profile.num_steps
+        accepted = 0
+        while accepted < steps and self._rng.random() < seq.accept_prob:
+            accepted += 1
+        self.stats.spec_verify_ct += 1
+        self.stats.spec_accepted_drafts += accepted
+        self.stats.spec_proposed_drafts += steps
+        self.stats.spec_accepted_tokens += accepted + 1
+        return accepted + 1
+
+    def _emit(self, seq: _Seq, n: int, first: bool = False) -> Output:
+        seq.generated += n
+        self.stats.generated_tokens += n
+        if seq.generated < seq.request.output_len:
+            return Output(seq.request.rid, n, first)
+        self._remove(seq)
+        return Output(seq.request.rid, n, first, finish_reason="length")

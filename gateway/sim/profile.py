@@ -1,0 +1,125 @@
+"""Backend profiles: how long a simulated SGLang server takes per step, and its caps.
+
+A profile is plain data loaded from YAML (``profiles/default.yaml`` ships with the package;
+``calibrate`` can write a user's measured ones with :func:`save_profiles`). The engine reads
+only the fields below; everything time-related is in milliseconds of device time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_MODEL = "Qwen/Qwen3.5-122B-A10B"
+# SGLang resets --max-running-requests to 48 for speculative decoding when it is unset.
+SPECULATIVE_DEFAULT_MAX_RUNNING = 48
+# Without speculation SGLang derives the cap from KV capacity; 2048 is its lower clamp and is
+# what /server_info shows as the resolved argument before the Mamba cap applies.
+PLAIN_DEFAULT_MAX_RUNNING = 2048
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One simulated backend. ``step_ms`` is a piecewise-linear batch -> decode step table."""
+
+    step_ms: tuple[tuple[int, float], ...]
+    prefill_ms_per_1k: float
+    prefill_overhead_ms: float = 8.0
+    chunked_prefill_size: int = 8192
+    speculative: bool = False
+    num_steps: int = 3
+    eagle_topk: int = 1
+    accept_prob: float = 0.7
+    accept_prob_repetitive: float = 1.0
+    max_running_requests: int | None = None
+    mamba_slots: int | None = None
+    mamba_slots_per_request: int = 5
+    prefix_cache_tokens: int = 1_000_000
+    max_queued_requests: int | None = None
+    served_model_name: str = DEFAULT_MODEL
+    context_length: int = 262_144
+
+    def __post_init__(self) -> None:
+        batches = [b for b, _ in self.step_ms]
+        if not batches or batches != sorted(set(batches)) or batches[0] < 1:
+            raise ValueError("step_ms needs increasing batch sizes starting at >= 1")
+        if not 0.0 <= self.accept_prob <= 1.0 or not 0.0 <= self.accept_prob_repetitive <= 1.0:
+            raise ValueError("accept probabilities must be within [0, 1]")
+
+    @property
+    def resolved_max_running_requests(self) -> int:
+        """The ``max_running_requests`` server arg after SGLang's defaults (what /server_info shows)."""
+        if self.max_running_requests is not None:
+            return self.max_running_requests
+        return SPECULATIVE_DEFAULT_MAX_RUNNING if self.speculative else PLAIN_DEFAULT_MAX_RUNNING
+
+    @property
+    def effective_max_running(self) -> int:
+        """Requests that can really run at once: the Mamba state pool caps the argument."""
+        cap = self.resolved_max_running_requests
+        if self.mamba_slots is not None:
+            cap = min(cap, self.mamba_slots // self.mamba_slots_per_request)
+        return max(cap, 1)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        # With topk == 1 SGLang forces draft tokens to steps + 1.
+        return self.num_steps + 1 if self.speculative else 0
+
+    def decode_step_s(self, batch: int) -> float:
+        """Seconds for one decode step of ``batch`` running requests (linear between points)."""
+        return _interpolate(self.step_ms, batch) / 1000.0
+
+    def prefill_step_s(self, tokens: int) -> float:
+        """Seconds for one prefill step that computes ``tokens`` uncached prompt tokens."""
+        return (self.prefill_overhead_ms + self.prefill_ms_per_1k * tokens / 1000.0) / 1000.0
+
+
+def _interpolate(points: tuple[tuple[int, float], ...], x: int) -> float:
+    if len(points) == 1 or x <= points[0][0]:
+        return points[0][1]
+    # Beyond the last point keep the last segment's slope: bigger batches keep costing more.
+    i = min(bisect.bisect_left([p[0] for p in points], x), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _profile_from_dict(name: str, raw: Mapping[str, Any]) -> Profile:
+    known = {f.name for f in dataclasses.fields(Profile)}
+    unknown = set(raw) - known
+    if unknown:
+        raise ValueError(f"profile {name!r}: unknown keys {sorted(unknown)}")
+    fields = dict(raw)
+    fields["step_ms"] = tuple((int(b), float(ms)) for b, ms in raw["step_ms"])
+    return Profile(**fields)
+
+
+def load_profiles(path: str | Path | None = None) -> dict[str, Profile]:
+    """Profiles by backend name (``mtp``, ``plain``) from ``path``, or the packaged defaults."""
+    if path is None:
+        text = resources.files("gateway.sim").joinpath("profiles/default.yaml").read_text()
+    else:
+        text = Path(path).read_text()
+    raw = yaml.safe_load(text) or {}
+    backends = raw.get("backends")
+    if not isinstance(backends, dict) or not backends:
+        raise ValueError("profiles file needs a non-empty 'backends' mapping")
+    return {name: _profile_from_dict(name, spec) for name, spec in backends.items()}
+
+
+def save_profiles(profiles: Mapping[str, Profile], path: str | Path, comment: str = "") -> None:
+    """Write profiles in the format :func:`load_profiles` reads (``calibrate`` uses this)."""
+    backends = {}
+    for name, profile in profiles.items():
+        spec = dataclasses.asdict(profile)
+        spec["step_ms"] = [[b, ms] for b, ms in profile.step_ms]
+        backends[name] = spec
+    header = "".join(f"# {line}\n" for line in comment.splitlines())
+    Path(path).write_text(header + yaml.safe_dump({"backends": backends}, sort_keys=False))

@@ -1,0 +1,267 @@
+"""Virtual time: a discrete-event simulation of the backends, deterministic and instant.
+
+A C=128 seed sweep takes seconds of CPU. A benchmark drives it with its own routing::
+
+    sim = VirtualSim(load_profiles(), shared_device=True, seed=0)
+    def arrive():
+        backend = decide(...)                       # any routing decision, made at sim.now
+        sim.submit(backend, Request(rid="r1", prompt=ids, output_len=1000),
+                   on_first_token=lambda t: ...,    # t = virtual seconds
+                   on_chunk=lambda t, n: ...,       # n new tokens (MTP: several per chunk)
+                   on_finish=lambda t, reason: ...) # reason "length" or "abort"
+    sim.at(0.0, arrive)                             # schedule any callable at a virtual time
+    sim.run_until_idle()                            # or sim.run(until=60.0)
+
+Callbacks run inside the simulation at ``sim.now`` and may submit, abort or schedule more.
+``sim.engines[name]`` exposes ``num_running`` / ``num_waiting`` / ``stats`` per backend.
+With ``shared_device`` the backends' steps serialize on one simulated GPU (FIFO, so two busy
+backends alternate); without it each has its own device.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import statistics
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gateway.sim.engine import Engine, Output, Request, Step
+from gateway.sim.profile import Profile
+
+# SGLang's tokenizer manager aborts a disconnected request's rid 2 s after the client goes.
+DISCONNECT_ABORT_DELAY_S = 2.0
+
+FirstTokenCallback = Callable[[float], None]
+ChunkCallback = Callable[[float, int], None]
+FinishCallback = Callable[[float, str], None]
+
+
+@dataclass
+class _Callbacks:
+    on_first_token: FirstTokenCallback | None
+    on_chunk: ChunkCallback | None
+    on_finish: FinishCallback | None
+
+
+class _Device:
+    """One simulated GPU: runs one step at a time; engines wait their turn in FIFO order."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.queue: deque[str] = deque()
+
+
+class VirtualSim:
+    """Backends on a virtual clock. See the module docstring for the API."""
+
+    def __init__(
+        self, profiles: Mapping[str, Profile], shared_device: bool = True, seed: int = 0
+    ) -> None:
+        self.now = 0.0
+        self.engines = {
+            name: Engine(profile, random.Random(f"{seed}:{name}"))
+            for name, profile in profiles.items()
+        }
+        shared = _Device()
+        self._devices = {name: shared if shared_device else _Device() for name in self.engines}
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self._callbacks: dict[tuple[str, str], _Callbacks] = {}
+        self._active: set[str] = set()  # stepping, or waiting for the device
+
+    # --- scheduling ----------------------------------------------------------------------
+
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` at virtual time ``t`` (not before now; same-time events keep their order)."""
+        heapq.heappush(self._events, (max(t, self.now), next(self._order), fn))
+
+    def run(self, until: float | None = None) -> None:
+        """Process events up to ``until`` (or until none are left); ``now`` ends at ``until``."""
+        while self._events and (until is None or self._events[0][0] <= until):
+            t, _, fn = heapq.heappop(self._events)
+            self.now = t
+            fn()
+        if until is not None:
+            self.now = max(self.now, until)
+
+    def run_until_idle(self) -> None:
+        self.run()
+
+    # --- requests ------------------------------------------------------------------------
+
+    def submit(
+        self,
+        backend: str,
+        request: Request,
+        on_first_token: FirstTokenCallback | None = None,
+        on_chunk: ChunkCallback | None = None,
+        on_finish: FinishCallback | None = None,
+    ) -> None:
+        """Send a request to ``backend`` now. Raises QueueFullError like the HTTP 503."""
+        self.engines[backend].submit(request)
+        self._callbacks[backend, request.rid] = _Callbacks(on_first_token, on_chunk, on_finish)
+        # Deferred, so requests submitted at the same instant join one prefill batch.
+        self.at(self.now, lambda: self._kick(backend))
+
+    def abort(self, backend: str, rid: str) -> None:
+        """``/abort_request``: the slot is free at once; on_finish gets "abort"."""
+        for aborted in self.engines[backend].abort(rid):
+            self._deliver(backend, Output(aborted, 0, finish_reason="abort"))
+
+    def disconnect(self, backend: str, rid: str) -> None:
+        """Client went away: SGLang aborts 2 s later, and the slot frees one step after that."""
+        self.at(self.now + DISCONNECT_ABORT_DELAY_S, lambda: self._abort_late(backend, rid))
+
+    def _abort_late(self, backend: str, rid: str) -> None:
+        if self.engines[backend].abort_after_next_step(rid):
+            self._deliver(backend, Output(rid, 0, finish_reason="abort"))
+
+    # --- the device loop -----------------------------------------------------------------
+
+    def _kick(self, backend: str) -> None:
+        if backend in self._active or not self.engines[backend].has_work:
+            return
+        self._active.add(backend)
+        device = self._devices[backend]
+        if device.busy:
+            device.queue.append(backend)
+        else:
+            self._start(backend)
+
+    def _start(self, backend: str) -> None:
+        device = self._devices[backend]
+        step = self.engines[backend].begin_step()
+        if step is None:
+            self._active.discard(backend)
+            self._next_on(device)
+            return
+        device.busy = True
+        self.at(self.now + step.duration_s, lambda: self._finish(backend, step))
+
+    def _finish(self, backend: str, step: Step) -> None:
+        device = self._devices[backend]
+        device.busy = False
+        self._active.discard(backend)
+        for output in self.engines[backend].finish_step(step):
+            self._deliver(backend, output)
+        self._next_on(device)  # the other backend, if it waited, goes first
+        self._kick(backend)
+
+    def _next_on(self, device: _Device) -> None:
+        if device.queue and not device.busy:
+            self._start(device.queue.popleft())
+
+    def _deliver(self, backend: str, output: Output) -> None:
+        callbacks = self._callbacks.get((backend, output.rid))
+        if callbacks is None:
+            return
+        if output.tokens:
+            if output.first and callbacks.on_first_token:
+                callbacks.on_first_token(self.now)
+            if callbacks.on_chunk:
+                callbacks.on_chunk(self.now, output.tokens)
+        if output.finish_reason is not None:
+            del self._callbacks[backend, output.rid]
+            if callbacks.on_finish:
+                callbacks.on_finish(self.now, output.finish_reason)
+
+
+# --- the seed benchmark ---------------------------------------------------------------------
+
+SEED_TOKEN_ID = 23066
+SEED_PROMPT_LEN = 1000
+SEED_OUTPUT_LEN = 1000
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    """One backend's figures, measured the way the seed's benchmark measured them."""
+
+    backend: str
+    concurrency: int
+    requests: int
+    per_request_tps: float  # mean of output / (e2e - ttft): decode speed while running
+    aggregate_tps: float  # total output tokens / makespan
+    ttft_mean_s: float
+    ttft_p50_s: float
+    ttft_max_s: float
+    makespan_s: float
+    max_running: int
+    accept_length: float
+
+
+@dataclass
+class _Timing:
+    start: float
+    first: float = 0.0
+    end: float = 0.0
+
+
+def run_seed_benchmark(
+    profiles: Mapping[str, Profile],
+    concurrency: Mapping[str, int],
+    *,
+    rounds: int = 3,
+    shared_device: bool = True,
+    seed: int = 0,
+    prompt_len: int = SEED_PROMPT_LEN,
+    output_len: int = SEED_OUTPUT_LEN,
+) -> dict[str, SeedResult]:
+    """The seed workload (one repeated token id, ignore_eos, temperature 0) in virtual time.
+
+    ``concurrency`` maps backend -> closed-loop clients, e.g. ``{"plain": 128}`` or
+    ``{"mtp": 24, "plain": 40}`` (both at once, on one device when ``shared_device``). All
+    clients start together at t=0; each sends ``rounds`` requests back to back.
+    """
+    sim = VirtualSim(profiles, shared_device=shared_device, seed=seed)
+    prompt = (SEED_TOKEN_ID,) * prompt_len
+    timings: dict[str, list[_Timing]] = {name: [] for name in concurrency}
+    ids = itertools.count()
+
+    def send(backend: str, rounds_left: int) -> None:
+        timing = _Timing(start=sim.now)
+        timings[backend].append(timing)
+
+        def on_first(t: float) -> None:
+            timing.first = t
+
+        def on_finish(t: float, reason: str) -> None:
+            timing.end = t
+            if rounds_left > 1:
+                send(backend, rounds_left - 1)
+
+        request = Request(f"seed-{next(ids)}", prompt, output_len, greedy=True)
+        sim.submit(backend, request, on_first_token=on_first, on_finish=on_finish)
+
+    for backend, clients in concurrency.items():
+        for _ in range(clients):
+            sim.at(0.0, lambda b=backend: send(b, rounds))
+    sim.run_until_idle()
+    return {
+        backend: _summarise(backend, concurrency[backend], timings[backend], sim, output_len)
+        for backend in concurrency
+    }
+
+
+def _summarise(
+    backend: str, clients: int, timings: list[_Timing], sim: VirtualSim, output_len: int
+) -> SeedResult:
+    ttfts = [t.first - t.start for t in timings]
+    makespan = max(t.end for t in timings)
+    engine = sim.engines[backend]
+    return SeedResult(
+        backend=backend,
+        concurrency=clients,
+        requests=len(timings),
+        per_request_tps=statistics.fmean(output_len / (t.end - t.first) for t in timings),
+        aggregate_tps=output_len * len(timings) / makespan,
+        ttft_mean_s=statistics.fmean(ttfts),
+        ttft_p50_s=statistics.median(ttfts),
+        ttft_max_s=max(ttfts),
+        makespan_s=makespan,
+        max_running=engine.stats.peak_running,
+        accept_length=engine.stats.avg_spec_accept_length,
+    )
