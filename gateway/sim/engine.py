@@ -166,6 +166,21 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self._waiting or self._prefilling or self._running)
 
+    @property
+    def num_used_tokens(self) -> int:
+        """KV tokens held by admitted requests (the prefix cache is the token pool)."""
+        admitted = self._running + self._prefilling
+        return sum(len(s.request.prompt) + s.generated for s in admitted)
+
+    @property
+    def kv_token_usage(self) -> float:
+        return min(1.0, self.num_used_tokens / max(self.profile.prefix_cache_tokens, 1))
+
+    @property
+    def cache_hit_rate(self) -> float:
+        prompt = self.stats.prompt_tokens
+        return self.stats.cached_tokens / prompt if prompt else 0.0
+
     def __contains__(self, rid: str) -> bool:
         return rid in self._by_rid
 

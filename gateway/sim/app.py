@@ -1,0 +1,613 @@
+"""The HTTP app of one simulated SGLang 0.5.23 server (Starlette).
+
+Routes, JSON shapes, SSE bytes, error envelopes and disconnect behaviour follow
+``research/sglang.md`` sections 2-5; the engine behind it is a :class:`LiveEngine`. Extra,
+sim-only routes: ``POST``/``DELETE /sim/faults`` and ``GET /sim/state`` (see faults.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.sim import formats
+from gateway.sim.engine import Output, QueueFullError
+from gateway.sim.engine import Request as EngineRequest
+from gateway.sim.faults import Faults, FaultState
+from gateway.sim.live import LiveEngine
+from gateway.sim.metrics import SimMetrics
+from gateway.sim.text import chat_prompt_text, content_text, plan_output, thinking_requested, token_ids
+
+VERSION = "0.5.23"
+HEALTH_MIN_S = 1.0  # SGLang's /health generates one token and polls in 1 s sleeps
+HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
+OPEN_PATHS = ("/health", "/ready", "/metrics")  # never need the API key, as in SGLang
+T = TypeVar("T")
+
+
+class SimulatedCrash(Exception):
+    """Raised inside a response so uvicorn drops the connection mid-way (crash fault)."""
+
+
+class RequestError(Exception):
+    """A bad request, answered with SGLang's flat error object."""
+
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status, self.err_type = status, err_type
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    # Compact, as SGLang's ORJSONResponse writes it.
+    return Response(formats.compact(body), status, media_type="application/json")
+
+
+def openai_error(status: int, message: str, err_type: str) -> Response:
+    return json_response(formats.openai_error_body(status, message, err_type), status)
+
+
+@dataclass
+class ServerIdentity:
+    """What the server says about itself in /server_info (the port is known after binding)."""
+
+    name: str  # "mtp" or "plain"
+    host: str
+    port: int
+    seed: int
+
+
+class ApiKeyMiddleware:
+    """``--api-key``: Bearer token on everything but health, readiness and metrics (pure ASGI,
+    so client disconnects still reach the app)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app, self._key = app, api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        await json_response({"error": "Unauthorized"}, 401)(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        if scope["method"] == "OPTIONS" or scope["path"].startswith(OPEN_PATHS):
+            return True
+        auth = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = auth.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+
+
+class CrashResponse(Response):
+    """Sends the headers, then drops the connection (a crash before the body)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        raise SimulatedCrash
+
+
+class SimApp:
+    """Handlers of one simulated server; ``build()`` makes the ASGI app."""
+
+    def __init__(self, identity: ServerIdentity, live: LiveEngine, faults: FaultState) -> None:
+        self.identity = identity
+        self.live = live
+        self.faults = faults
+        self.profile = live.engine.profile
+        self.metrics = SimMetrics(live.engine, live.time_scale)
+        self.started = time.time()
+
+    def build(self, api_key: str | None = None) -> ASGIApp:
+        app = Starlette(routes=self._routes())
+        return ApiKeyMiddleware(app, api_key) if api_key else app
+
+    def _routes(self) -> list[Route]:
+        get, post = ["GET"], ["POST"]
+        return [
+            Route("/v1/chat/completions", self.chat, methods=post),
+            Route("/v1/completions", self.completions, methods=post),
+            Route("/v1/messages", self.messages, methods=post),
+            Route("/v1/responses", self.responses, methods=post),
+            Route("/v1/models", self.models, methods=get),
+            Route("/v1/models/{model:path}", self.model_card, methods=get),
+            Route("/model_info", self.model_info, methods=get),
+            Route("/get_model_info", self.model_info, methods=get),
+            Route("/server_info", self.server_info, methods=get),
+            Route("/get_server_info", self.server_info, methods=get),
+            Route("/v1/loads", self.loads, methods=get),
+            Route("/health", self.health, methods=get),
+            Route("/health_generate", self.health, methods=get),
+            Route("/ready", self.ready, methods=get),
+            Route("/abort_request", self.abort_request, methods=post),
+            Route("/metrics", self.prometheus, methods=get),
+            Route("/sim/faults", self.set_faults, methods=post),
+            Route("/sim/faults", self.clear_faults, methods=["DELETE"]),
+            Route("/sim/state", self.state, methods=get),
+        ]
+
+    # --- generation endpoints ------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        return await self._openai(request, self._parse_chat, formats.ChatRenderer, formats.chat_body)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._openai(
+            request, self._parse_completion, formats.CompletionRenderer, formats.completion_body
+        )
+
+    async def _openai(
+        self,
+        request: Request,
+        parse: Callable[[dict[str, Any]], formats.Job],
+        renderer: Callable[[formats.Job], formats.Renderer],
+        body_of: Callable[[formats.Job, int, str], dict[str, Any]],
+    ) -> Response:
+        try:
+            body = await read_json(request)
+            job = parse(body)
+        except RequestError as exc:
+            return openai_error(exc.status, str(exc), exc.err_type)
+        return await self._generate(request, job, bool(body.get("stream")), renderer, body_of)
+
+    async def messages(self, request: Request) -> Response:
+        try:
+            body = await read_json(request)
+            job = self._parse_messages(body)
+        except RequestError as exc:
+            error = {"type": "invalid_request_error", "message": str(exc)}
+            return json_response({"type": "error", "error": error}, exc.status)
+        stream = bool(body.get("stream"))
+        return await self._generate(
+            request, job, stream, formats.MessagesRenderer, formats.messages_body
+        )
+
+    async def responses(self, request: Request) -> Response:
+        try:
+            body = await read_json(request)
+            job = self._parse_responses(body)
+        except RequestError as exc:
+            error = formats.openai_error_body(exc.status, str(exc), "invalid_request_error")
+            return json_response({"error": error}, exc.status)
+        stream = bool(body.get("stream"))
+        return await self._generate(
+            request, job, stream, formats.ResponsesRenderer, formats.responses_final_body
+        )
+
+    # --- parsing -------------------------------------------------------------------------
+
+    def _job(
+        self, body: dict[str, Any], prompt_text: str, prompt_ids: list[int], max_tokens: int | None,
+        thinking: bool = False, tool_name: str | None = None,
+    ) -> formats.Job:  # fmt: skip
+        room = self.profile.context_length - len(prompt_ids)
+        if not prompt_ids:
+            raise RequestError("The prompt is empty.")
+        if room < 1:
+            raise RequestError(
+                f"The input ({len(prompt_ids)} tokens) is longer than the model's context "
+                f"length ({self.profile.context_length} tokens)."
+            )
+        ignore_eos = bool(body.get("ignore_eos"))
+        plan = plan_output(self.identity.seed, prompt_text, max_tokens, ignore_eos, thinking, room)
+        rid = body.get("rid")
+        if rid is not None and not isinstance(rid, str):
+            raise RequestError("'rid' must be a string")
+        options = body.get("stream_options") or {}
+        return formats.Job(
+            rid=rid or formats.new_rid(),
+            model=str(body.get("model") or "default"),
+            created=int(time.time()),
+            prompt_ids=prompt_ids,
+            plan=plan,
+            greedy=body.get("temperature") == 0,
+            include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+            tool_name=tool_name,
+        )
+
+    def _parse_chat(self, body: dict[str, Any]) -> formats.Job:
+        tools = body.get("tools")
+        try:
+            text = chat_prompt_text(body.get("messages"), tools)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from exc
+        max_tokens = max_tokens_of(body, "max_completion_tokens", "max_tokens")
+        tool = forced_tool(tools, body.get("tool_choice"))
+        return self._job(body, text, token_ids(text), max_tokens, thinking_requested(body), tool)
+
+    def _parse_completion(self, body: dict[str, Any]) -> formats.Job:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            text, ids = prompt, token_ids(prompt)
+        elif isinstance(prompt, list) and all(type(t) is int for t in prompt):
+            text, ids = " ".join(map(str, prompt)), prompt
+        else:
+            raise RequestError("'prompt' must be a string or a list of token ids")
+        return self._job(body, text, ids, max_tokens_of(body, "max_tokens"))
+
+    def _parse_messages(self, body: dict[str, Any]) -> formats.Job:
+        max_tokens = max_tokens_of(body, "max_tokens")
+        if max_tokens is None:
+            raise RequestError("max_tokens: Field required")
+        try:
+            system = content_text(body.get("system"))
+            text = chat_prompt_text(body.get("messages"))
+        except ValueError as exc:
+            raise RequestError(str(exc)) from exc
+        text = f"{system}\n{text}" if system else text
+        return self._job(body, text, token_ids(text), max_tokens)
+
+    def _parse_responses(self, body: dict[str, Any]) -> formats.Job:
+        given = body.get("input")
+        try:
+            text = given if isinstance(given, str) else chat_prompt_text(given)
+        except ValueError as exc:
+            raise RequestError(f"'input' must be a string or a list of messages: {exc}") from exc
+        if body.get("instructions"):
+            text = f"{body['instructions']}\n{text}"
+        return self._job(body, text, token_ids(text), max_tokens_of(body, "max_output_tokens"))
+
+    # --- running a job -------------------------------------------------------------------
+
+    async def _generate(
+        self,
+        request: Request,
+        job: formats.Job,
+        stream: bool,
+        renderer: Callable[[formats.Job], formats.Renderer],
+        body_of: Callable[[formats.Job, int, str], dict[str, Any]],
+    ) -> Response:
+        started = time.perf_counter()
+        status = self.faults.take_failure()
+        if status is not None:
+            return openai_error(status, "Simulated failure (sim fault).", "InternalServerError")
+        try:
+            await until_or_disconnect(self.faults.wait_unhung(), request)
+        except ClientGone:
+            return Response(status_code=499)  # nobody is listening any more
+        try:
+            engine_request = EngineRequest(
+                job.rid, job.prompt_ids, len(job.plan.words), greedy=job.greedy
+            )
+            queue = self.live.submit(engine_request)
+        except QueueFullError as exc:
+            return openai_error(503, str(exc), "503")
+        except ValueError as exc:
+            return openai_error(400, str(exc), "BadRequest")
+        try:
+            return await self._respond(request, job, stream, queue, started, renderer, body_of)
+        except ClientGone:
+            self.live.disconnect(job.rid)
+            return Response(status_code=499)
+
+    async def _respond(
+        self,
+        request: Request,
+        job: formats.Job,
+        stream: bool,
+        queue: asyncio.Queue[Output],
+        started: float,
+        renderer: Callable[[formats.Job], formats.Renderer],
+        body_of: Callable[[formats.Job, int, str], dict[str, Any]],
+    ) -> Response:
+        if self.faults.faults.crash_after_chunks is not None and not stream:
+            self.live.disconnect(job.rid)
+            return CrashResponse()
+        # Like SGLang: wait for the first output before answering, so errors stay HTTP errors.
+        first = await until_or_disconnect(queue.get(), request)
+        self.metrics.first_token(time.perf_counter() - started)
+        if stream:
+            events = self._stream(job, renderer(job), first, queue, started)
+            return StreamingResponse(events, media_type="text/event-stream")
+        generated, reason = await until_or_disconnect(collect(first, queue), request)
+        self._record(job, generated, reason, started)
+        return json_response(body_of(job, generated, reason))
+
+    async def _stream(
+        self,
+        job: formats.Job,
+        renderer: formats.Renderer,
+        output: Output,
+        queue: asyncio.Queue[Output],
+        started: float,
+    ) -> AsyncIterator[bytes]:
+        faults = self.faults.faults
+        budget = _EventBudget(faults.crash_after_chunks, faults.error_after_chunks)
+        finished = False
+        last = time.perf_counter()
+        try:
+            for event in renderer.begin():
+                if budget.spend():
+                    break
+                yield event
+            while not budget.exhausted:
+                for event in renderer.output(output):
+                    if budget.spend():
+                        break
+                    yield event
+                now = time.perf_counter()
+                if output.tokens and not output.first:
+                    self.metrics.chunk(now - last, output.tokens)
+                last = now
+                if output.finish_reason is not None or budget.exhausted:
+                    break
+                output = await queue.get()
+            if budget.crashed:
+                raise SimulatedCrash
+            if budget.errored:
+                self.live.abort(job.rid)
+                for event in renderer.error(500, "Simulated mid-stream failure (sim fault)."):
+                    yield event
+            else:
+                for event in renderer.end(output.finish_reason or "abort"):
+                    yield event
+                self._record(job, renderer.generated, output.finish_reason or "abort", started)
+            finished = True
+        finally:
+            if not finished:
+                self.live.disconnect(job.rid)
+
+    def _record(self, job: formats.Job, generated: int, reason: str, started: float) -> None:
+        e2e = time.perf_counter() - started
+        self.metrics.finished(job.prompt_tokens, generated, e2e, reason == "abort")
+
+    # --- information endpoints -----------------------------------------------------------
+
+    def _model_card(self) -> dict[str, Any]:
+        name = self.profile.served_model_name
+        return {"id": name, "object": "model", "created": int(self.started), "owned_by": "sglang",
+                "root": name, "parent": None, "max_model_len": self.profile.context_length}  # fmt: skip
+
+    async def models(self, request: Request) -> Response:
+        return json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model_card(self, request: Request) -> Response:
+        model = request.path_params["model"]
+        if model == self.profile.served_model_name:
+            return json_response(self._model_card())
+        error = {"message": f"The model '{model}' does not exist", "type": "invalid_request_error",
+                 "param": "model", "code": "model_not_found"}  # fmt: skip
+        return json_response({"error": error}, 404)
+
+    async def model_info(self, request: Request) -> Response:
+        name = self.profile.served_model_name
+        return json_response({
+            "model_path": name, "tokenizer_path": name, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": "default",
+            "model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+            "served_model_name": name, "reasoning_parser": "qwen3", "tool_call_parser": "qwen3_coder",
+        })  # fmt: skip
+
+    async def server_info(self, request: Request) -> Response:
+        return json_response(self.server_info_body())
+
+    def server_info_body(self) -> dict[str, Any]:
+        p, engine = self.profile, self.live.engine
+        spec = p.speculative
+        internal: dict[str, Any] = {
+            "effective_max_running_requests_per_dp": p.effective_max_running,
+            "last_gen_throughput": engine.stats.gen_throughput / self.live.time_scale,
+            "memory_usage": {"weight": 61.2, "kvcache": 20.5, "token_capacity": p.prefix_cache_tokens,
+                             "graph": 1.1},
+        }  # fmt: skip
+        if spec and engine.stats.spec_verify_ct:
+            internal["avg_spec_accept_length"] = engine.stats.avg_spec_accept_length
+        return {
+            "model_path": p.served_model_name, "tokenizer_path": p.served_model_name,
+            "served_model_name": p.served_model_name, "host": self.identity.host,
+            "port": self.identity.port, "tp_size": 4, "dp_size": 1, "random_seed": self.identity.seed,
+            "context_length": p.context_length, "chunked_prefill_size": p.chunked_prefill_size,
+            "max_running_requests": p.resolved_max_running_requests,
+            "max_queued_requests": p.max_queued_requests,
+            "speculative_algorithm": "EAGLE" if spec else None,  # NEXTN resolves to EAGLE
+            "speculative_num_steps": p.num_steps if spec else None,
+            "speculative_eagle_topk": p.eagle_topk if spec else None,
+            "speculative_num_draft_tokens": p.num_draft_tokens if spec else None,
+            "mamba_radix_cache_strategy": "extra_buffer", "max_mamba_cache_size": p.mamba_slots,
+            "enable_metrics": True, "mem_fraction_static": 0.45 if spec else 0.8,
+            "launch_command": self._launch_command(),
+            "status": "ready", "max_total_num_tokens": p.prefix_cache_tokens,
+            "max_req_input_len": p.context_length - 1, "startup_time": self.started,
+            "internal_states": [internal], "version": VERSION, "frontend": "python",
+        }  # fmt: skip
+
+    def _launch_command(self) -> str:
+        p = self.profile
+        command = f"python -m sglang.launch_server --model-path {p.served_model_name} --tp 4"
+        command += f" --port {self.identity.port} --enable-metrics"
+        if p.speculative:
+            command += f" --speculative-algorithm NEXTN --speculative-num-steps {p.num_steps}"
+            command += f" --speculative-eagle-topk {p.eagle_topk}"
+            command += f" --speculative-num-draft-tokens {p.num_draft_tokens}"
+        return command + "  # simulated by mtp-gateway sim"
+
+    async def loads(self, request: Request) -> Response:
+        engine, p = self.live.engine, self.profile
+        load: dict[str, Any] = {
+            "timestamp": time.time(), "dp_rank": 0,
+            "num_running_reqs": engine.num_running, "num_waiting_reqs": engine.num_waiting,
+            "num_waiting_uncached_tokens": 0, "num_used_tokens": engine.num_used_tokens,
+            "num_total_tokens": p.prefix_cache_tokens, "max_total_num_tokens": p.prefix_cache_tokens,
+            "max_running_requests": p.effective_max_running, "token_usage": engine.kv_token_usage,
+            "gen_throughput": engine.stats.gen_throughput / self.live.time_scale,
+            "cache_hit_rate": engine.cache_hit_rate,
+            "utilization": engine.num_running / p.effective_max_running,
+        }  # fmt: skip
+        if p.speculative:
+            load["speculative"] = {"accept_length": engine.stats.avg_spec_accept_length,
+                                   "accept_rate": engine.stats.spec_accept_rate}  # fmt: skip
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+        return json_response({"timestamp": stamp, "version": VERSION, "accelerator": "Simulated GPU",
+                              "num_accelerators": 4, "loads": [load]})  # fmt: skip
+
+    async def health(self, request: Request) -> Response:
+        """Like SGLang: generate one token, at least ~1 s (scaled); 503 when failing."""
+        scale = self.live.time_scale
+        if self.faults.failing:
+            return Response(status_code=503)
+        probe = self._health_probe()
+        floor = asyncio.sleep(HEALTH_MIN_S * scale)
+        try:
+            ok, _ = await asyncio.wait_for(asyncio.gather(probe, floor), HEALTH_TIMEOUT_S * scale)
+        except TimeoutError:
+            ok = False
+        return Response(status_code=200 if ok else 503)
+
+    async def _health_probe(self) -> bool:
+        await self.faults.wait_unhung()
+        rid = f"HEALTH_CHECK_{formats.new_rid()}"
+        try:
+            queue = self.live.submit(EngineRequest(rid, [0], 1))
+        except (QueueFullError, ValueError):
+            return False
+        try:
+            return (await queue.get()).finish_reason == "length"
+        finally:
+            self.live.abort(rid)  # after a timeout, do not leave it running
+
+    async def ready(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def abort_request(self, request: Request) -> Response:
+        try:
+            body = await read_json(request)
+        except RequestError as exc:
+            return openai_error(exc.status, str(exc), exc.err_type)
+        self.live.abort(str(body.get("rid") or ""), bool(body.get("abort_all")))
+        return Response(status_code=200)
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # --- sim admin -----------------------------------------------------------------------
+
+    async def set_faults(self, request: Request) -> Response:
+        try:
+            faults = Faults.from_json(await read_json(request))
+        except (RequestError, ValueError, TypeError) as exc:
+            return openai_error(400, str(exc), "BadRequestError")
+        await self.faults.set(faults)
+        return json_response({"faults": asdict(faults)})
+
+    async def clear_faults(self, request: Request) -> Response:
+        await self.faults.clear()
+        return json_response({"faults": asdict(self.faults.faults)})
+
+    async def state(self, request: Request) -> Response:
+        engine = self.live.engine
+        return json_response({
+            "backend": self.identity.name, "faults": asdict(self.faults.faults),
+            "num_running_reqs": engine.num_running, "num_waiting_reqs": engine.num_waiting,
+            "effective_max_running_requests": self.profile.effective_max_running,
+            "generated_tokens": engine.stats.generated_tokens,
+            "avg_spec_accept_length": engine.stats.avg_spec_accept_length,
+            "time_scale": self.live.time_scale,
+        })  # fmt: skip
+
+
+class _EventBudget:
+    """Counts stream events against the crash / error faults in force when the stream began."""
+
+    def __init__(self, crash_after: int | None, error_after: int | None) -> None:
+        self._crash_after, self._error_after = crash_after, error_after
+        self.sent = 0
+        self.crashed = self.errored = False
+
+    def spend(self) -> bool:
+        """True when the next event must not be sent (and records why)."""
+        if self._crash_after is not None and self.sent >= self._crash_after:
+            self.crashed = True
+        elif self._error_after is not None and self.sent >= self._error_after:
+            self.errored = True
+        else:
+            self.sent += 1
+        return self.exhausted
+
+    @property
+    def exhausted(self) -> bool:
+        return self.crashed or self.errored
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    """The JSON object body; SGLang insists on the content type (validate_json_request)."""
+    if not request.headers.get("content-type", "").startswith("application/json"):
+        raise RequestError("Unsupported Media Type: Only 'application/json' is allowed")
+    try:
+        body = json.loads(await request.body())
+    except ValueError as exc:
+        raise RequestError(f"JSON decode error: {exc}") from exc
+    if not isinstance(body, dict):
+        raise RequestError("The request body must be a JSON object")
+    return body
+
+
+def max_tokens_of(body: dict[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = body.get(key)
+        if value is None:
+            continue
+        if type(value) is not int or value < 1:
+            raise RequestError(f"'{key}' must be a positive integer", err_type="Bad Request")
+        return value
+    return None
+
+
+def forced_tool(tools: Any, tool_choice: Any) -> str | None:
+    """The function a request forces (``tool_choice`` "required" or a named function)."""
+    if not isinstance(tools, list) or not tools:
+        return None
+    if isinstance(tool_choice, dict):
+        return str((tool_choice.get("function") or {}).get("name") or "") or None
+    if tool_choice == "required":
+        first = tools[0] if isinstance(tools[0], dict) else {}
+        return str((first.get("function") or {}).get("name") or "tool")
+    return None
+
+
+async def collect(first: Output, queue: asyncio.Queue[Output]) -> tuple[int, str]:
+    """Read a request's outputs to the end: (tokens generated, engine finish reason)."""
+    output, generated = first, first.tokens
+    while output.finish_reason is None:
+        output = await queue.get()
+        generated += output.tokens
+    return generated, output.finish_reason
+
+
+class ClientGone(Exception):
+    """The client disconnected while the handler was waiting."""
+
+
+async def until_or_disconnect(work: Awaitable[T], request: Request) -> T:
+    """``work``'s result; raises ClientGone (and cancels ``work``) if the client goes first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watcher):
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
+    if task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
+async def wait_disconnect(request: Request) -> None:
+    # The body has been read, so the next ASGI message can only be the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,94 @@
+"""``mtp-gateway sim``: both simulated SGLang servers until Ctrl+C.
+
+The lead's gateway/cli.py calls :func:`add_arguments` and :func:`run`; ``python -m gateway.sim``
+does the same on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+
+from gateway.sim.faults import Faults
+from gateway.sim.profile import load_profiles
+from gateway.sim.server import SimOptions, start_sim_pair
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="interface for both servers")
+    parser.add_argument("--mtp-port", type=int, default=30001, help="port of the MTP server")
+    parser.add_argument("--plain-port", type=int, default=30002, help="port of the plain server")
+    parser.add_argument("--profiles", metavar="FILE", help="profiles YAML (default: built-in)")
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0,
+        help="seconds of real time per simulated second (0.1 = 10x faster than the GPU)",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seed for text and draft acceptance")
+    parser.add_argument(
+        "--no-shared-device", dest="shared_device", action="store_false",
+        help="give each server its own simulated GPU (default: one shared GPU)",
+    )  # fmt: skip
+    parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (as SGLang)")
+    for name in ("mtp", "plain"):
+        parser.add_argument(
+            f"--{name}-faults", metavar="JSON", type=_faults,
+            help=f'faults of the {name} server at start, as POST /sim/faults takes them, e.g. '
+            '\'{"slow_factor": 3}\'',
+        )  # fmt: skip
+
+
+def _faults(text: str) -> Faults:
+    try:
+        return Faults.from_json(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(f"bad faults {text!r}: {exc}") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM. Returns the process exit code."""
+    if args.time_scale <= 0:
+        print("sim: --time-scale must be > 0", file=sys.stderr)
+        return 2
+    try:
+        profiles = load_profiles(args.profiles)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        print(f"sim: cannot load profiles: {exc}", file=sys.stderr)
+        return 2
+    faults = {name: f for name in ("mtp", "plain") if (f := getattr(args, f"{name}_faults"))}
+    options = SimOptions(
+        host=args.host, mtp_port=args.mtp_port, plain_port=args.plain_port, profiles=profiles,
+        time_scale=args.time_scale, seed=args.seed, shared_device=args.shared_device,
+        api_key=args.api_key, faults=faults,
+    )  # fmt: skip
+    try:
+        asyncio.run(_serve(options))
+    except OSError as exc:
+        print(f"sim: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(options: SimOptions) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with start_sim_pair(options) as pair:
+        device = "one shared simulated GPU" if options.shared_device else "separate GPUs"
+        print(f"sim: mtp   (NEXTN, cap {_cap(pair, 'mtp')}) on {pair.urls['mtp']}")
+        print(f"sim: plain (cap {_cap(pair, 'plain')}) on {pair.urls['plain']}")
+        print(f"sim: {device}, time scale {options.time_scale}, seed {options.seed}; Ctrl+C stops")
+        await stop.wait()
+
+
+def _cap(pair, name: str) -> int:  # type: ignore[no-untyped-def]
+    return pair.servers[name].live.engine.profile.effective_max_running
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.sim", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

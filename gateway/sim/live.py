@@ -1,0 +1,111 @@
+"""Real time: drives one :class:`~gateway.sim.engine.Engine` on the event loop.
+
+Each step sleeps ``step.duration_s * time_scale * slow_factor`` seconds while holding the
+device lock, so ``time_scale=0.05`` runs the model 20x faster than the real GPU would (tests use
+0.02-0.1), and two engines that share one :class:`Device` take turns, as on one GPU.
+Sleeps are aimed at a running deadline, so the event loop's wake-up lag does not accumulate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from gateway.sim.engine import Engine, Output, Request
+from gateway.sim.faults import FaultState
+from gateway.sim.virtual import DISCONNECT_ABORT_DELAY_S
+
+# How far behind its schedule a busy device may be and still catch up (wall seconds).
+CATCH_UP_S = 0.005
+
+
+class Device:
+    """One simulated GPU: a FIFO lock (asyncio.Lock hands over in order) and its own clock."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.free_at = 0.0  # loop time the last step was due to end
+
+
+class LiveEngine:
+    """An engine stepping in (scaled) real time, delivering outputs to per-request queues."""
+
+    def __init__(
+        self, engine: Engine, device: Device, time_scale: float, faults: FaultState
+    ) -> None:
+        self.engine = engine
+        self.time_scale = time_scale
+        self._device = device
+        self._faults = faults
+        self._queues: dict[str, asyncio.Queue[Output]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        for rid in self.engine.abort(abort_all=True):
+            self._put(Output(rid, 0, finish_reason="abort"))
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def submit(self, request: Request) -> asyncio.Queue[Output]:
+        """Queue a request; its outputs arrive on the returned queue, the last one finishing it.
+        Raises QueueFullError or ValueError as Engine.submit does."""
+        self.engine.submit(request)
+        queue: asyncio.Queue[Output] = asyncio.Queue()
+        self._queues[request.rid] = queue
+        self._wake.set()
+        return queue
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> list[str]:
+        """``/abort_request``: free at once; open streams end with finish_reason "abort"."""
+        aborted = self.engine.abort(rid, abort_all)
+        for r in aborted:
+            self._put(Output(r, 0, finish_reason="abort"))
+        return aborted
+
+    def disconnect(self, rid: str) -> None:
+        """The client went away: abort 2 s later (scaled) and free the slot one step after."""
+        if rid in self._queues:
+            delay = DISCONNECT_ABORT_DELAY_S * self.time_scale
+            asyncio.get_running_loop().call_later(delay, self._abort_late, rid)
+
+    def _abort_late(self, rid: str) -> None:
+        if self.engine.abort_after_next_step(rid):
+            self._put(Output(rid, 0, finish_reason="abort"))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(0)  # requests arriving in the same tick join this step
+            async with self._device.lock:
+                step = self.engine.begin_step()
+                if step is None:
+                    continue
+                scale = self.time_scale * self._faults.faults.slow_factor
+                now = loop.time()
+                # Back to back with the previous step: start where it was due to end, so
+                # oversleeping is paid back; after idle time start now.
+                start = self._device.free_at if now - self._device.free_at < CATCH_UP_S else now
+                due = start + step.duration_s * scale
+                await asyncio.sleep(due - loop.time())
+                self._device.free_at = due
+                outputs = self.engine.finish_step(step)
+            for output in outputs:
+                self._put(output)
+            if self.engine.has_work:
+                self._wake.set()
+
+    def _put(self, output: Output) -> None:
+        queue = self._queues.get(output.rid)
+        if queue is None:
+            return
+        if output.finish_reason is not None:
+            del self._queues[output.rid]
+        queue.put_nowait(output)

@@ -1,0 +1,160 @@
+"""Both simulated servers (mtp and plain) in the current event loop, on real sockets.
+
+    async with start_sim_pair(SimOptions(time_scale=0.05)) as pair:
+        pair.urls["mtp"], pair.urls["plain"]        # http://127.0.0.1:<port>
+        pair.servers["mtp"].live.engine             # engine state (num_running, stats, ...)
+        await pair.servers["plain"].set_faults(Faults(refuse_connections=True))
+
+Used by the tests, ``mtp-gateway demo`` and ``mtp-gateway sim``. Ports 0 mean OS-assigned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import random
+import socket
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import uvicorn
+
+from gateway.sim.app import ServerIdentity, SimApp
+from gateway.sim.engine import Engine
+from gateway.sim.faults import Faults, FaultState
+from gateway.sim.live import Device, LiveEngine
+from gateway.sim.profile import Profile, load_profiles
+
+BACKENDS = ("mtp", "plain")
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How to run the pair. ``profiles``: loaded profiles, a YAML path, or None for defaults.
+    ``time_scale`` < 1 runs faster than the modelled GPU (0.05 = 20x)."""
+
+    host: str = "127.0.0.1"
+    mtp_port: int = 0
+    plain_port: int = 0
+    profiles: Mapping[str, Profile] | str | Path | None = None
+    time_scale: float = 1.0
+    seed: int = 0
+    shared_device: bool = True
+    api_key: str | None = None
+    faults: Mapping[str, Faults] = field(default_factory=dict)  # initial faults per backend
+    log_level: str = "warning"
+
+    def resolved_profiles(self) -> dict[str, Profile]:
+        if self.profiles is None or isinstance(self.profiles, str | Path):
+            return load_profiles(self.profiles)
+        return dict(self.profiles)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without signal handling: two of them share a loop owned by someone else."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield
+
+
+class SimServer:
+    """One simulated SGLang server: engine driver, HTTP app, listening socket, faults."""
+
+    def __init__(self, name: str, profile: Profile, device: Device, options: SimOptions) -> None:
+        self.name = name
+        self.faults = FaultState(on_refuse=self._on_refuse)
+        engine = Engine(profile, random.Random(f"{options.seed}:{name}"))
+        self.live = LiveEngine(engine, device, options.time_scale, self.faults)
+        port = options.mtp_port if name == "mtp" else options.plain_port
+        self._host = options.host
+        self._sock = _bind(options.host, port)
+        self.port = self._sock.getsockname()[1]
+        identity = ServerIdentity(name, options.host, self.port, options.seed)
+        self.app = SimApp(identity, self.live, self.faults)
+        config = uvicorn.Config(
+            self.app.build(options.api_key), lifespan="off", log_level=options.log_level,
+            access_log=False, timeout_graceful_shutdown=1,
+        )  # fmt: skip
+        self._uvicorn = _Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    async def start(self) -> None:
+        self.live.start()
+        self._task = asyncio.create_task(self._uvicorn.serve(sockets=[self._sock]))
+        while not self._uvicorn.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        self.faults.close()
+        await self.live.stop()
+        self._uvicorn.should_exit = True
+        if self._task is None:
+            self._sock.close()  # never served: uvicorn did not take the socket over
+        else:
+            await self._task
+
+    async def set_faults(self, faults: Faults) -> None:
+        await self.faults.set(faults)
+
+    async def clear_faults(self) -> None:
+        await self.faults.clear()
+
+    async def _on_refuse(self, refuse: bool) -> None:
+        """Stop listening (connects are refused), or listen again on the same port."""
+        if refuse:
+            for listener in self._uvicorn.servers:
+                listener.close()
+            return
+        config = self._uvicorn.config
+        protocol = functools.partial(
+            config.http_protocol_class, config=config,
+            server_state=self._uvicorn.server_state, app_state=self._uvicorn.lifespan.state,
+        )  # fmt: skip
+        listener = await asyncio.get_running_loop().create_server(
+            protocol, sock=_bind(self._host, self.port)
+        )
+        self._uvicorn.servers.append(listener)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+@dataclass
+class SimPair:
+    servers: dict[str, SimServer]
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return {name: server.url for name, server in self.servers.items()}
+
+
+@contextlib.asynccontextmanager
+async def start_sim_pair(options: SimOptions | None = None) -> AsyncIterator[SimPair]:
+    """Start both servers in the running loop; stop them (aborting what runs) on exit."""
+    options = options or SimOptions()
+    profiles = options.resolved_profiles()
+    shared = Device()
+    servers: dict[str, SimServer] = {}
+    try:
+        for name in BACKENDS:
+            device = shared if options.shared_device else Device()
+            servers[name] = SimServer(name, profiles[name], device, options)
+        for name, server in servers.items():
+            await server.start()
+            await server.set_faults(options.faults.get(name, Faults()))
+        yield SimPair(servers)
+    finally:
+        await asyncio.gather(*(server.stop() for server in servers.values()))
