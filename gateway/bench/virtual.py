@@ -1,0 +1,135 @@
+"""The bench in the simulator's virtual time: no HTTP, deterministic, a C=128 sweep in seconds.
+
+A *virtual gateway* routes every request with the real :class:`gateway.load.Router` (and so the
+real :func:`gateway.policy.decide`), with ``now`` = virtual time, the effective caps the monitor
+would read from ``/server_info`` (the profiles' ``effective_max_running``), session affinity
+remembered when a request ends (as the relay does), and submits to a
+:class:`gateway.sim.virtual.VirtualSim` whose two backends share one device. The static
+baselines go through the same router with ``policy: mtp-only`` / ``plain-only``.
+
+Each level runs in a fresh simulator and router, so levels are independent and every figure is
+reproducible bit for bit.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+
+from gateway.bench.levels import LevelPlan
+from gateway.bench.stats import LevelResult, RequestRecord, summarise
+from gateway.bench.workloads import Job, Outcome, Script, Send, Think, Workload
+from gateway.config import Routing
+from gateway.load import Lease, Router
+from gateway.policy import RequestFacts
+from gateway.sim.engine import Request
+from gateway.sim.profile import Profile
+from gateway.sim.virtual import VirtualSim
+
+POLICIES = ("crossover", "mtp-only", "plain-only")
+TARGET_NAMES = {"crossover": "gateway", "mtp-only": "mtp-only", "plain-only": "plain-only"}
+
+
+def routing_for(policy: str, routing: Routing) -> Routing:
+    return routing.model_copy(update={"policy": policy})
+
+
+def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
+                      profiles: Mapping[str, Profile], *, shared_device: bool = True,
+                      seed: int = 0) -> tuple[list[RequestRecord], float]:
+    """Run one level; returns every request's record and the level's wall time."""
+    sim = VirtualSim(profiles, shared_device=shared_device, seed=seed)
+    router = Router(routing)
+    router.mode_since = 0.0  # virtual clock
+    for name, profile in profiles.items():
+        if name in router.health:
+            router.health[name].effective_cap = profile.effective_max_running
+    records: list[RequestRecord] = []
+    rids = itertools.count()
+    counters = {"started": 0, "scripts": 0}
+
+    def next_script() -> None:
+        if not plan.budget_left(counters["started"], sim.now):
+            return
+        script = workload.script(counters["scripts"])
+        counters["scripts"] += 1
+        advance(script, None)
+
+    def advance(script: Script, value: list[Outcome] | None) -> None:
+        try:
+            action = script.send(value)
+        except StopIteration:
+            next_script()
+            return
+        if isinstance(action, Think):
+            sim.at(sim.now + action.seconds, lambda: advance(script, None))
+            return
+        assert isinstance(action, Send)
+        outcomes: list[Outcome | None] = [None] * len(action.jobs)
+        pending = [len(action.jobs)]
+
+        def done(i: int, outcome: Outcome) -> None:
+            outcomes[i] = outcome
+            pending[0] -= 1
+            if pending[0] == 0:
+                advance(script, [o for o in outcomes if o is not None])
+
+        for i, job in enumerate(action.jobs):
+            counters["started"] += 1
+            send(job, lambda outcome, i=i: done(i, outcome))
+
+    def send(job: Job, done: Callable[[Outcome], None]) -> None:
+        record = RequestRecord(start=sim.now)
+        records.append(record)
+        admitted = router.admit(RequestFacts(session_backend=router.sessions.get(job.session)),
+                                now=sim.now)
+        if not isinstance(admitted, Lease):
+            record.error, record.end = "no_backend", sim.now
+            done(Outcome(0, error="no_backend"))
+            return
+        lease = admitted
+        record.backend = lease.backend
+
+        def on_first(t: float) -> None:
+            record.first = t
+
+        def on_chunk(t: float, n: int) -> None:
+            record.tokens += n
+            record.chunk_times.append(t)
+            record.chunk_tokens.append(n)
+
+        def on_finish(t: float, reason: str) -> None:
+            record.end = t
+            if reason != "length":
+                record.error = reason
+            lease.release()
+            router.remember_session(job.session, lease.backend)
+            done(Outcome(record.tokens, error=record.error))
+
+        request = Request(f"r{next(rids)}", job.prompt_ids or (0,), job.max_tokens, greedy=job.greedy)
+        sim.submit(lease.backend, request, on_first_token=on_first, on_chunk=on_chunk,
+                   on_finish=on_finish)
+
+    for _ in range(plan.concurrency):
+        sim.at(0.0, next_script)
+    sim.run_until_idle()
+    wall = max((r.end for r in records if r.end is not None), default=0.0)
+    return records, wall
+
+
+def run_virtual_sweep(workload_factory: Callable[[], Workload], plans: Sequence[LevelPlan],
+                      routing: Routing, profiles: Mapping[str, Profile], *,
+                      policies: Sequence[str] = POLICIES, shared_device: bool = True, seed: int = 0,
+                      progress: Callable[[str, int], None] | None = None,
+                      ) -> dict[str, list[LevelResult]]:
+    """Every policy over every level; results by target name (gateway, mtp-only, plain-only)."""
+    results: dict[str, list[LevelResult]] = {TARGET_NAMES.get(p, p): [] for p in policies}
+    for plan in plans:
+        for policy in policies:
+            target = TARGET_NAMES.get(policy, policy)
+            records, wall = run_virtual_level(workload_factory(), plan, routing_for(policy, routing),
+                                              profiles, shared_device=shared_device, seed=seed)
+            results[target].append(summarise(target, plan.concurrency, records, wall, plan.window))
+            if progress:
+                progress(target, plan.concurrency)
+    return results

@@ -1,0 +1,64 @@
+"""Issue 4's "Done when", in virtual time: default profiles, shared device, default config.
+
+Steady method (gateway.bench.levels): each level keeps C clients busy for 150 virtual seconds
+and measures the window after a 50 s warm-up; deterministic, so the asserts are exact.
+"""
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from gateway.bench.levels import plan_levels
+from gateway.bench.virtual import run_virtual_sweep
+from gateway.bench.workloads import make_workload
+from gateway.config import load_settings
+from gateway.sim.profile import load_profiles
+
+ROOT = Path(__file__).resolve().parents[2]
+LEVELS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 128]
+PLANS = plan_levels(LEVELS, duration_s=150.0, warmup_s=50.0)
+
+
+@functools.cache
+def sweep(workload: str):
+    routing = load_settings(ROOT / "config.yaml").routing
+    return run_virtual_sweep(lambda: make_workload(workload), PLANS, routing, load_profiles())
+
+
+def rows(workload: str):
+    results = sweep(workload)
+    return zip(results["gateway"], results["mtp-only"], results["plain-only"], strict=True)
+
+
+@pytest.mark.parametrize("workload", ["seed", "chat"])
+def test_gateway_reaches_95_percent_of_the_better_static_backend(workload):
+    failures = []
+    for gw, mtp, plain in rows(workload):
+        best_aggregate = max(mtp.aggregate_tps, plain.aggregate_tps)
+        if gw.aggregate_tps < 0.95 * best_aggregate:
+            failures.append(f"C={gw.concurrency} aggregate {gw.aggregate_tps:.0f} "
+                            f"< 95% of {best_aggregate:.0f}")
+        best_per_request = max(mtp.per_request_tps, plain.per_request_tps)
+        if gw.concurrency <= 16 and gw.per_request_tps < 0.95 * best_per_request:
+            failures.append(f"C={gw.concurrency} per-request {gw.per_request_tps:.1f} "
+                            f"< 95% of {best_per_request:.1f}")
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("workload", ["seed", "chat"])
+def test_gateway_uses_mtp_below_the_crossover_and_plain_above(workload):
+    for gw, _, _ in rows(workload):
+        if gw.concurrency <= 24:
+            assert gw.share == {"mtp": 1.0}, gw
+        elif gw.concurrency >= 32:
+            assert gw.share.get("plain", 0) >= 0.99, gw
+    assert all(gw.errors == 0 for gw, _, _ in rows(workload))
+
+
+def test_virtual_sweep_is_deterministic():
+    routing = load_settings(ROOT / "config.yaml").routing
+    plans = plan_levels([4, 32], requests_per_level=40)
+    once = run_virtual_sweep(lambda: make_workload("agentic"), plans, routing, load_profiles())
+    again = run_virtual_sweep(lambda: make_workload("agentic"), plans, routing, load_profiles())
+    assert once == again
