@@ -94,7 +94,9 @@ class CrashResponse(Response):
     """Sends the headers, then drops the connection (a crash before the body)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        # Promise a body that never comes, so the client sees a truncated response.
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"1000")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         raise SimulatedCrash
 
 

@@ -1,0 +1,172 @@
+"""Slots freed by disconnects and aborts, the queue limit, and every fault mode, over sockets."""
+
+import asyncio
+import dataclasses
+import json
+import time
+
+import httpx
+import pytest
+
+from gateway.sim.faults import Faults
+from gateway.sim.profile import load_profiles
+from gateway.sim.server import SimOptions, start_sim_pair
+from tests.sim.conftest import wait_until
+
+LONG = {"model": "m", "prompt": "go on", "max_tokens": 100_000, "ignore_eos": True, "stream": True}
+SHORT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": True}
+
+
+async def running(http: httpx.AsyncClient, url: str) -> int:
+    return (await http.get(url + "/v1/loads")).json()["loads"][0]["num_running_reqs"]
+
+
+async def test_disconnect_frees_the_slot_two_scaled_seconds_later():
+    scale = 0.1
+    async with start_sim_pair(SimOptions(time_scale=scale)) as pair, httpx.AsyncClient() as http:
+        url = pair.urls["plain"]
+        async with http.stream("POST", url + "/v1/completions", json=LONG) as response:
+            await anext(response.aiter_bytes())
+            assert await running(http, url) == 1
+        gone = time.perf_counter()
+        assert await running(http, url) == 1  # SGLang waits 2 s before aborting
+        await wait_until(lambda: _freed(http, url))
+        assert time.perf_counter() - gone >= 2.0 * scale
+
+
+async def _freed(http: httpx.AsyncClient, url: str) -> bool:
+    return await running(http, url) == 0
+
+
+async def test_a_non_stream_client_that_gives_up_frees_its_slot_too(pair):
+    url = pair.urls["plain"]
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(url + "/v1/completions", json={**LONG, "stream": False}, timeout=0.2)
+        await wait_until(lambda: _freed(http, url))
+
+
+async def test_abort_request_frees_at_once_and_ends_the_stream(pair):
+    url = pair.urls["mtp"]
+    async with httpx.AsyncClient() as http:
+        async with http.stream("POST", url + "/v1/completions", json={**LONG, "rid": "job-17"}) as response:
+            lines = response.aiter_lines()
+            await anext(lines)
+            aborted = await http.post(url + "/abort_request", json={"rid": "job-"})  # prefix match
+            assert aborted.status_code == 200
+            assert await running(http, url) == 0
+            rest = [line async for line in lines if line.startswith("data: {")]
+    assert json.loads(rest[-1][6:])["choices"][0]["finish_reason"] == "abort"
+
+
+async def test_a_full_queue_answers_503():
+    plain = dataclasses.replace(load_profiles()["plain"], max_running_requests=1, max_queued_requests=1)
+    options = SimOptions(time_scale=0.02, profiles={**load_profiles(), "plain": plain})
+    async with start_sim_pair(options) as pair, httpx.AsyncClient() as http:
+        url = pair.urls["plain"]
+        async with http.stream("POST", url + "/v1/completions", json=LONG):
+            queued = asyncio.create_task(http.post(url + "/v1/completions", json=LONG))
+            await wait_until(lambda: _waiting(http, url))
+            rejected = await http.post(url + "/v1/completions", json=LONG)
+            queued.cancel()
+    assert rejected.status_code == 503
+    assert rejected.json() == {"object": "error", "message": "The request queue is full.",
+                               "type": "503", "param": None, "code": 503}  # fmt: skip
+
+
+async def _waiting(http: httpx.AsyncClient, url: str) -> bool:
+    return (await http.get(url + "/v1/loads")).json()["loads"][0]["num_waiting_reqs"] == 1
+
+
+async def test_crash_drops_the_connection_after_n_events(pair):
+    await pair.servers["mtp"].set_faults(Faults(crash_after_chunks=3))
+    events = []
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(httpx.RemoteProtocolError):
+            async with http.stream("POST", pair.urls["mtp"] + "/v1/chat/completions", json=SHORT) as r:
+                async for line in r.aiter_lines():
+                    if line:
+                        events.append(line)
+        with pytest.raises(httpx.RemoteProtocolError):  # non-stream: headers, then nothing
+            await http.post(pair.urls["mtp"] + "/v1/chat/completions", json={**SHORT, "stream": False})
+    assert len(events) == 3 and "[DONE]" not in events[-1]
+
+
+async def test_error_fault_sends_sglangs_mid_stream_error_then_done(pair):
+    await pair.servers["plain"].set_faults(Faults(error_after_chunks=2))
+    async with httpx.AsyncClient() as http:
+        response = await http.post(pair.urls["plain"] + "/v1/chat/completions", json=SHORT)
+    events = response.content.decode().split("\n\n")[:-1]
+    assert response.status_code == 200 and len(events) == 4
+    assert events[2].startswith('data: {"error": {"object": "error", "message": ')
+    assert json.loads(events[2][6:])["error"]["code"] == 500
+    assert events[3] == "data: [DONE]"
+    await wait_until(lambda: pair.servers["plain"].live.engine.num_running == 0)
+
+
+async def test_hang_sends_nothing_until_cleared(pair):
+    server = pair.servers["mtp"]
+    await server.set_faults(Faults(hang_before_first_byte=True))
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(pair.urls["mtp"] + "/v1/chat/completions", json=SHORT, timeout=0.3)
+        pending = asyncio.create_task(http.post(pair.urls["mtp"] + "/v1/chat/completions", json=SHORT))
+        await asyncio.sleep(0.1)
+        assert not pending.done()
+        cleared = await http.delete(pair.urls["mtp"] + "/sim/faults")
+        assert cleared.json()["faults"]["hang_before_first_byte"] is False
+        assert (await pending).content.endswith(b"data: [DONE]\n\n")
+
+
+async def test_fail_status_for_a_count_then_recovers(pair):
+    url = pair.urls["plain"]
+    async with httpx.AsyncClient() as http:
+        set_ = await http.post(url + "/sim/faults", json={"fail_status": 502, "fail_count": 2})
+        assert set_.status_code == 200
+        health = await http.get(url + "/health")
+        failed = [await http.post(url + "/v1/chat/completions", json=SHORT) for _ in range(2)]
+        ok = await http.post(url + "/v1/chat/completions", json=SHORT)
+        state = (await http.get(url + "/sim/state")).json()
+    assert health.status_code == 503
+    assert [r.status_code for r in failed] == [502, 502]
+    assert failed[0].json()["object"] == "error" and failed[0].json()["code"] == 502
+    assert ok.status_code == 200
+    assert state["faults"]["fail_status"] == 502  # still set, but its count is spent
+
+
+async def test_slow_factor_stretches_every_step():
+    async with start_sim_pair(SimOptions(time_scale=0.1)) as pair, httpx.AsyncClient() as http:
+        body = {**SHORT, "max_tokens": 40, "stream": False, "ignore_eos": True}
+        url = pair.urls["plain"] + "/v1/chat/completions"
+        normal = (await http.post(url, json=body)).elapsed.total_seconds()
+        await pair.servers["plain"].set_faults(Faults(slow_factor=5.0))
+        slow = (await http.post(url, json=body)).elapsed.total_seconds()
+    assert slow > 3 * normal
+
+
+async def test_refused_connections_come_back_on_the_same_port(pair):
+    server = pair.servers["plain"]
+    url = pair.urls["plain"]
+    async with httpx.AsyncClient() as http:
+        await server.set_faults(Faults(refuse_connections=True))
+        with pytest.raises(httpx.ConnectError):
+            async with httpx.AsyncClient() as fresh:
+                await fresh.get(url + "/ready")
+        await server.clear_faults()
+        assert (await http.get(url + "/ready")).status_code == 200
+        await server.set_faults(Faults(refuse_connections=True, restore_after_s=0.2))
+        await wait_until(lambda: _connects(url))
+
+
+async def _connects(url: str) -> bool:
+    try:
+        async with httpx.AsyncClient() as fresh:
+            return (await fresh.get(url + "/ready")).status_code == 200
+    except httpx.ConnectError:
+        return False
+
+
+async def test_bad_fault_bodies_are_rejected(pair):
+    async with httpx.AsyncClient() as http:
+        response = await http.post(pair.urls["mtp"] + "/sim/faults", json={"crash": 1})
+    assert response.status_code == 400 and "unknown fault fields" in response.json()["message"]
