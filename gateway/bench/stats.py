@@ -48,7 +48,7 @@ class RequestRecord:
     end: float | None = None
     tokens: int = 0
     chunk_times: list[float] = field(default_factory=list)
-    chunk_tokens: list[int] = field(default_factory=list)  # tokens per chunk (estimated over HTTP)
+    chunk_tokens: list[float] = field(default_factory=list)  # tokens per chunk (estimated over HTTP)
     backend: str | None = None  # x-gateway-backend, or the target's name when absent
     error: str | None = None
     text: str = ""
@@ -80,7 +80,7 @@ class LevelResult:
     errors: int
     per_request_tps: float
     aggregate_tps: float
-    output_tokens: int
+    output_tokens: float
     wall_s: float
     ttft_p50_s: float
     ttft_p99_s: float

@@ -1,0 +1,157 @@
+"""`mtp-gateway bench`: closed-loop concurrency sweeps over HTTP, or in the simulator's virtual time.
+
+    mtp-gateway bench --url http://127.0.0.1:8000 --workload chat --json out.json --plot out.png
+    mtp-gateway bench --compare mtp=http://:30001 plain=http://:30002 gateway=http://:8000
+    mtp-gateway bench --sim --workload agentic            # gateway vs mtp-only vs plain-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.bench import report
+from gateway.bench.levels import DEFAULT_LEVELS, LevelPlan, parse_levels, plan_levels
+from gateway.bench.progress import Progress
+from gateway.bench.stats import LevelResult
+from gateway.bench.workloads import WORKLOADS, make_workload
+
+SIM_DURATION_S = 150.0
+SIM_WARMUP_S = 50.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    where = parser.add_argument_group("targets (one of)")
+    where.add_argument("--url", help="one OpenAI-compatible base URL (gateway or backend)")
+    where.add_argument("--compare", nargs="+", metavar="NAME=URL",
+                       help="several targets, run interleaved level by level; ratios against the "
+                            "best static target (every target not named 'gateway')")
+    where.add_argument("--sim", action="store_true",
+                       help="virtual time: the real router over the simulator, no HTTP")
+    parser.add_argument("--concurrency", default=",".join(map(str, DEFAULT_LEVELS)),
+                        help="levels, comma-separated (default %(default)s)")
+    parser.add_argument("--workload", default="seed",
+                        help=f"{' | '.join(WORKLOADS)} | file:PATH.jsonl (default %(default)s)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--requests-per-level", type=int, metavar="N",
+                      help="makespan method: N requests per level (default over HTTP: 3 per client)")
+    size.add_argument("--duration", type=float, metavar="S",
+                      help=f"steady method: keep the level busy S seconds (--sim default {SIM_DURATION_S:g})")
+    parser.add_argument("--warmup", type=float, metavar="S", default=None,
+                        help=f"steady method: seconds left out at the start (--sim default {SIM_WARMUP_S:g})")
+    parser.add_argument("--max-tokens", type=int, help="cap every request's output (quick runs)")
+    parser.add_argument("--seed", type=int, default=0, help="workload RNG seed")
+    parser.add_argument("--model", help="model name to send (default: the target's /v1/models)")
+    parser.add_argument("--api-key", help="sent as Authorization: Bearer")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    sim = parser.add_argument_group("--sim options")
+    sim.add_argument("--policy", action="append", choices=("crossover", "mtp-only", "plain-only"),
+                     help="policies to run (repeatable; default all three)")
+    sim.add_argument("--config", help="config file for the routing section (default ./config.yaml)")
+    sim.add_argument("--profiles", help="simulator profiles YAML (default: the packaged ones)")
+    sim.add_argument("--separate-devices", action="store_true",
+                     help="give each simulated backend its own GPU (default: one shared device)")
+
+
+def run(args: argparse.Namespace) -> int:
+    chosen = sum(bool(x) for x in (args.url, args.compare, args.sim))
+    if chosen != 1:
+        print("mtp-gateway bench: give exactly one of --url, --compare, --sim", file=sys.stderr)
+        return 2
+    try:
+        levels = parse_levels(args.concurrency)
+        make_workload(args.workload, args.seed, args.max_tokens)  # validate early
+        if args.sim:
+            results, meta = _run_sim(args, levels)
+        else:
+            results, meta = _run_http(args, levels)
+    except (ValueError, OSError) as exc:
+        print(f"mtp-gateway bench: {exc}", file=sys.stderr)
+        return 2
+    _output(args, results, meta)
+    return 0
+
+
+def _plans(args: argparse.Namespace, levels: list[int], sim: bool) -> list[LevelPlan]:
+    duration = args.duration
+    if sim and duration is None and args.requests_per_level is None:
+        duration = SIM_DURATION_S
+    warmup = args.warmup if args.warmup is not None else (SIM_WARMUP_S if sim and duration else 0.0)
+    return plan_levels(levels, args.requests_per_level, duration, warmup if duration else 0.0)
+
+
+def _method(plans: list[LevelPlan]) -> str:
+    plan = plans[0]
+    if plan.window is None:
+        return f"makespan: {plan.requests if plan.requests else '?'} requests per level" + (
+            "" if len({p.requests for p in plans}) == 1 else " (3 per client)")
+    return f"steady: {plan.duration_s:g} s per level, window after a {plan.warmup_s:g} s warm-up"
+
+
+def _run_sim(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, list[LevelResult]], dict]:
+    from gateway.bench.virtual import POLICIES, run_virtual_sweep
+    from gateway.config import load_settings
+    from gateway.sim.profile import load_profiles
+
+    config = args.config or ("config.yaml" if Path("config.yaml").exists() else None)
+    routing = load_settings(config).routing
+    profiles = load_profiles(args.profiles)
+    plans = _plans(args, levels, sim=True)
+    policies = args.policy or list(POLICIES)
+    progress = Progress(enabled=not args.no_progress)
+    progress.start("virtual sweep", len(plans) * len(policies))
+    results = run_virtual_sweep(lambda: make_workload(args.workload, args.seed, args.max_tokens), plans,
+                                routing, profiles, policies=policies,
+                                shared_device=not args.separate_devices, seed=args.seed,
+                                progress=lambda *_: progress.advance())
+    progress.finish()
+    meta = {"mode": "virtual time (simulator, no HTTP)", "workload": args.workload,
+            "method": _method(plans), "routing": routing.model_dump(mode="json"),
+            "profiles": args.profiles or "packaged default", "shared_device": not args.separate_devices,
+            "seed": args.seed, "max_tokens": args.max_tokens}
+    return results, meta
+
+
+def _run_http(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, list[LevelResult]], dict]:
+    from gateway.bench.loadgen import Target, parse_target, run_http_sweep
+
+    targets = [parse_target(s) for s in args.compare] if args.compare else [Target("target", args.url)]
+    if len({t.name for t in targets}) != len(targets):
+        raise ValueError("--compare names must be distinct")
+    plans = _plans(args, levels, sim=False)
+    progress = Progress(enabled=not args.no_progress)
+    results = asyncio.run(run_http_sweep(
+        targets, lambda: make_workload(args.workload, args.seed, args.max_tokens), plans,
+        model=args.model, api_key=args.api_key, progress=progress))
+    meta = {"mode": "HTTP", "targets": {t.name: t.url for t in targets}, "workload": args.workload,
+            "method": _method(plans), "seed": args.seed, "max_tokens": args.max_tokens}
+    return results, meta
+
+
+def _output(args: argparse.Namespace, results: dict[str, list[LevelResult]], meta: dict[str, Any]) -> None:
+    meta = {"command": "mtp-gateway bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+            if sys.argv[1:2] == ["bench"] else None, **meta}
+    print(f"## bench: {meta['workload']} workload, {meta['mode']}\n")
+    print(f"Method: {meta['method']}.\n")
+    print(report.markdown_table(results))
+    if len(results) > 1:
+        print("\nRatios against the best static target at each level (1.00 = as good as it):\n")
+        print(report.ratios_table(report.ratios(results), list(results)))
+    if args.json:
+        report.write_json(args.json, results, meta)
+        print(f"\nJSON: {args.json}", file=sys.stderr)
+    if args.plot:
+        title = f"{meta['workload']} workload — {meta['mode']}"
+        if report.plot(args.plot, results, title):
+            print(f"plot: {args.plot}", file=sys.stderr)
+        else:
+            print("plot skipped: matplotlib is not installed (pip install 'mtp-gateway[plot]')",
+                  file=sys.stderr)

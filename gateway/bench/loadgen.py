@@ -1,0 +1,196 @@
+"""The closed-loop load generator over HTTP (aiohttp: it keeps up with 128 streams on one core).
+
+Every request is sent with ``stream: true`` and ``stream_options.include_usage`` and read
+incrementally with :class:`gateway.bench.sse.SSEParser`. Output tokens come from the final
+usage chunk (``completion_tokens``); without one, each content chunk counts as one token. The
+backend that served a request comes from the ``x-gateway-backend`` response header, or is the
+target's own name when the target is a backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from gateway.bench.levels import LevelPlan
+from gateway.bench.progress import Progress
+from gateway.bench.sse import SSEParser
+from gateway.bench.stats import LevelResult, RequestRecord, summarise
+from gateway.bench.workloads import Job, Outcome, Send, Think, Workload
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str  # base URL, with or without a trailing /v1
+
+
+def _join(base: str, path: str) -> str:
+    base = base.rstrip("/")
+    if base.endswith("/v1") and path.startswith("/v1/"):
+        base = base[:-3]
+    return base + path
+
+
+def parse_target(spec: str) -> Target:
+    name, sep, url = spec.partition("=")
+    if not sep or not name or not url.startswith(("http://", "https://")):
+        raise ValueError(f"--compare takes NAME=URL (e.g. mtp=http://127.0.0.1:30001), got {spec!r}")
+    return Target(name, url)
+
+
+async def discover_model(session: aiohttp.ClientSession, target: Target) -> str | None:
+    try:
+        async with session.get(_join(target.url, "/v1/models")) as resp:
+            if resp.status == 200:
+                data = (await resp.json()).get("data") or []
+                return str(data[0]["id"]) if data else None
+    except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError):
+        return None
+    return None
+
+
+def _content(choice: dict[str, Any]) -> str:
+    if "text" in choice and isinstance(choice["text"], str):
+        return choice["text"]
+    delta = choice.get("delta") or {}
+    return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+
+
+async def send_one(session: aiohttp.ClientSession, target: Target, job: Job, record: RequestRecord,
+                   clock: Callable[[], float], model: str | None, api_key: str | None = None) -> None:
+    """Send one streaming request and fill ``record`` in; never raises for HTTP failures."""
+    body = dict(job.body)
+    if model and "model" not in body:
+        body["model"] = model
+    headers = dict(job.headers)
+    if api_key:
+        headers.setdefault("Authorization", f"Bearer {api_key}")
+    usage: int | None = None
+    text: list[str] = []
+    done = False
+    try:
+        async with session.post(_join(target.url, job.path), json=body, headers=headers) as resp:
+            record.backend = resp.headers.get("x-gateway-backend") or target.name
+            if resp.status >= 400:
+                detail = (await resp.text())[:200]
+                record.error, record.end = f"HTTP {resp.status}: {detail}", clock()
+                return
+            parser = SSEParser()
+            async for chunk in resp.content.iter_any():
+                now = clock()
+                for event in parser.feed(chunk):
+                    done, usage = _handle(event.data, now, record, text, done, usage)
+            for event in parser.close():
+                done, usage = _handle(event.data, clock(), record, text, done, usage)
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"[:200]
+    record.end = clock()
+    record.text = "".join(text)
+    chunks = len(record.chunk_times)
+    record.tokens = usage if usage is not None else chunks
+    if usage is not None and chunks:  # spread the exact count over the chunks (for windows)
+        record.chunk_tokens = [usage / chunks] * chunks
+    if record.error is None and not done:
+        record.error = "stream ended without data: [DONE]"
+
+
+def _handle(data: str, now: float, record: RequestRecord, text: list[str], done: bool,
+            usage: int | None) -> tuple[bool, int | None]:
+    if data.strip() == "[DONE]":
+        return True, usage
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return done, usage
+    if not isinstance(obj, dict):
+        return done, usage
+    if obj.get("error") and record.error is None:
+        error = obj["error"]
+        record.error = str(error.get("message") if isinstance(error, dict) else error)[:200]
+    for choice in obj.get("choices") or []:
+        piece = _content(choice) if isinstance(choice, dict) else ""
+        if piece:
+            if record.first is None:
+                record.first = now
+            record.chunk_times.append(now)
+            record.chunk_tokens.append(1.0)
+            text.append(piece)
+    counted = (obj.get("usage") or {}).get("completion_tokens")
+    if isinstance(counted, int):
+        usage = counted
+    return done, usage
+
+
+async def run_http_level(session: aiohttp.ClientSession, target: Target, workload: Workload,
+                         plan: LevelPlan, *, model: str | None = None, api_key: str | None = None,
+                         progress: Progress | None = None) -> tuple[list[RequestRecord], float]:
+    """One level against one target: ``plan.concurrency`` closed-loop slots started together."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+
+    def clock() -> float:
+        return loop.time() - t0
+
+    records: list[RequestRecord] = []
+    counters = {"started": 0, "scripts": 0}
+
+    async def request(job: Job) -> Outcome:
+        record = RequestRecord(start=clock())
+        records.append(record)
+        await send_one(session, target, job, record, clock, model, api_key)
+        if progress:
+            progress.advance(error=record.error is not None)
+        return Outcome(record.tokens, record.text, record.error)
+
+    async def slot() -> None:
+        while plan.budget_left(counters["started"], clock()):
+            script = workload.script(counters["scripts"])
+            counters["scripts"] += 1
+            value: list[Outcome] | None = None
+            while True:
+                try:
+                    action = script.send(value)
+                except StopIteration:
+                    break
+                value = None
+                if isinstance(action, Think):
+                    await asyncio.sleep(action.seconds)
+                elif isinstance(action, Send):
+                    counters["started"] += len(action.jobs)
+                    value = list(await asyncio.gather(*(request(job) for job in action.jobs)))
+
+    await asyncio.gather(*(slot() for _ in range(plan.concurrency)))
+    return records, clock()
+
+
+async def run_http_sweep(targets: Sequence[Target], workload_factory: Callable[[], Workload],
+                         plans: Sequence[LevelPlan], *, model: str | None = None,
+                         api_key: str | None = None, progress: Progress | None = None,
+                         request_timeout_s: float = 3600.0) -> dict[str, list[LevelResult]]:
+    """The sweep against every target, interleaved level by level in a rotating order, so
+    drift on the machine (thermal, other tenants) hits every target alike."""
+    results: dict[str, list[LevelResult]] = {t.name: [] for t in targets}
+    limit = max(p.concurrency for p in plans) * 8 + 16  # agentic bursts exceed C
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit)
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        models = {t.name: model or await discover_model(session, t) for t in targets}
+        for i, plan in enumerate(plans):
+            shift = i % len(targets)
+            for target in list(targets[shift:]) + list(targets[:shift]):
+                if progress:
+                    progress.start(f"{target.name} C={plan.concurrency}", plan.requests)
+                records, wall = await run_http_level(session, target, workload_factory(), plan,
+                                                     model=models[target.name], api_key=api_key,
+                                                     progress=progress)
+                if progress:
+                    progress.finish()
+                results[target.name].append(
+                    summarise(target.name, plan.concurrency, records, wall, plan.window))
+    return results

@@ -1,0 +1,138 @@
+"""Reports: a Markdown table, ratios against the best static target, JSON, and a PNG plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.bench.stats import LevelResult
+
+GATEWAY_NAMES = ("gateway",)
+
+
+def _num(value: float, digits: int = 1) -> str:
+    return "–" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
+
+
+def _share(share: Mapping[str, float]) -> str:
+    return " ".join(f"{name} {fraction:.0%}" for name, fraction in share.items()) or "–"
+
+
+def markdown_table(results: Mapping[str, Sequence[LevelResult]]) -> str:
+    head = ("| C | target | per-request tok/s | aggregate tok/s | TTFT p50 / p99 s | ITL p50 / p99 ms "
+            "| e2e p50 / p99 s | requests | errors | backend share |")
+    lines = [head, "|" + "---|" * 10]
+    levels = sorted({r.concurrency for rows in results.values() for r in rows})
+    for c in levels:
+        for target, rows in results.items():
+            for r in rows:
+                if r.concurrency != c:
+                    continue
+                lines.append(
+                    f"| {c} | {target} | {_num(r.per_request_tps)} | {_num(r.aggregate_tps, 0)} "
+                    f"| {_num(r.ttft_p50_s, 2)} / {_num(r.ttft_p99_s, 2)} "
+                    f"| {_num(r.itl_p50_s * 1000, 1)} / {_num(r.itl_p99_s * 1000, 1)} "
+                    f"| {_num(r.e2e_p50_s, 1)} / {_num(r.e2e_p99_s, 1)} | {r.requests} | {r.errors} "
+                    f"| {_share(r.share)} |")
+    return "\n".join(lines)
+
+
+def ratios(results: Mapping[str, Sequence[LevelResult]]) -> list[dict[str, Any]]:
+    """Per level, each non-static target's figures over the best static target's.
+
+    Static targets are every target not named ``gateway``; with no gateway among the targets,
+    every target is compared with the best of all (the best one shows 1.00).
+    """
+    statics = [t for t in results if t not in GATEWAY_NAMES] or list(results)
+    rows = []
+    levels = sorted({r.concurrency for rs in results.values() for r in rs})
+    by = {t: {r.concurrency: r for r in rs} for t, rs in results.items()}
+    for c in levels:
+        static = [by[t][c] for t in statics if c in by[t]]
+        if not static:
+            continue
+        best_pr = max(static, key=lambda r: _val(r.per_request_tps))
+        best_agg = max(static, key=lambda r: _val(r.aggregate_tps))
+        row: dict[str, Any] = {"concurrency": c, "best_per_request": best_pr.target,
+                               "best_aggregate": best_agg.target}
+        for target in results:
+            if c in by[target]:
+                r = by[target][c]
+                row[target] = {"per_request": _ratio(r.per_request_tps, best_pr.per_request_tps),
+                               "aggregate": _ratio(r.aggregate_tps, best_agg.aggregate_tps)}
+        rows.append(row)
+    return rows
+
+
+def _val(x: float) -> float:
+    return -math.inf if x is None or math.isnan(x) else x
+
+
+def _ratio(a: float, b: float) -> float | None:
+    if a is None or b is None or math.isnan(a) or math.isnan(b) or b == 0:
+        return None
+    return a / b
+
+
+def ratios_table(rows: Sequence[Mapping[str, Any]], targets: Sequence[str]) -> str:
+    cols = " | ".join(f"{t} per-req | {t} aggr" for t in targets)
+    lines = [f"| C | best static per-req | best static aggr | {cols} |",
+             "|" + "---|" * (3 + 2 * len(targets))]
+    for row in rows:
+        cells = []
+        for t in targets:
+            r = row.get(t) or {}
+            cells += [_fmt_ratio(r.get("per_request")), _fmt_ratio(r.get("aggregate"))]
+        lines.append(f"| {row['concurrency']} | {row['best_per_request']} | {row['best_aggregate']} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _fmt_ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
+
+
+def to_json(results: Mapping[str, Sequence[LevelResult]], meta: Mapping[str, Any]) -> dict[str, Any]:
+    return {"meta": dict(meta),
+            "results": {t: [r.to_dict() for r in rs] for t, rs in results.items()},
+            "ratios": ratios(results)}
+
+
+def write_json(path: str | Path, results: Mapping[str, Sequence[LevelResult]],
+               meta: Mapping[str, Any]) -> None:
+    Path(path).write_text(json.dumps(to_json(results, meta), indent=2) + "\n", encoding="utf-8")
+
+
+def plot(path: str | Path, results: Mapping[str, Sequence[LevelResult]], title: str = "") -> bool:
+    """Per-request and aggregate tok/s against concurrency; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for target, rows in results.items():
+        xs = [r.concurrency for r in rows]
+        style = {"linewidth": 2.6, "zorder": 3} if target in GATEWAY_NAMES else {"linestyle": "--"}
+        left.plot(xs, [r.per_request_tps for r in rows], marker="o", label=target, **style)
+        right.plot(xs, [r.aggregate_tps for r in rows], marker="o", label=target, **style)
+    for ax, label in ((left, "per-request output tok/s"), (right, "aggregate output tok/s")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (clients)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        levels = sorted({r.concurrency for rs in results.values() for r in rs})
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_ylim(bottom=0)
+    right.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
