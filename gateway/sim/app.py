@@ -359,6 +359,7 @@ class SimApp:
         finally:
             if not finished:
                 self.live.disconnect(job.rid)
+                self._record(job, renderer.generated, "abort", started)
 
     def _record(self, job: formats.Job, generated: int, reason: str, started: float) -> None:
         e2e = time.perf_counter() - started

@@ -14,7 +14,7 @@ import sys
 
 from gateway.sim.faults import Faults
 from gateway.sim.profile import load_profiles
-from gateway.sim.server import SimOptions, start_sim_pair
+from gateway.sim.server import SimOptions, SimPair, start_sim_pair
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,10 +81,11 @@ async def _serve(options: SimOptions) -> None:
         print(f"sim: mtp   (NEXTN, cap {_cap(pair, 'mtp')}) on {pair.urls['mtp']}")
         print(f"sim: plain (cap {_cap(pair, 'plain')}) on {pair.urls['plain']}")
         print(f"sim: {device}, time scale {options.time_scale}, seed {options.seed}; Ctrl+C stops")
+        sys.stdout.flush()  # whoever started us may be waiting for the URLs on a pipe
         await stop.wait()
 
 
-def _cap(pair, name: str) -> int:  # type: ignore[no-untyped-def]
+def _cap(pair: SimPair, name: str) -> int:
     return pair.servers[name].live.engine.profile.effective_max_running
 
 

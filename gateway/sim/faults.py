@@ -12,8 +12,9 @@ Python (``await pair.servers["mtp"].set_faults(Faults(...))``); ``DELETE /sim/fa
 - ``fail_status`` (+ ``fail_count``): generation requests get that HTTP status with SGLang's flat
   error body; ``fail_count`` requests only (None: until cleared); /health answers 503 meanwhile.
 - ``slow_factor``: every engine step takes that many times longer.
-- ``refuse_connections``: the listening socket closes, so connects are refused (open connections
-  carry on); clearing it listens again on the SAME port, like a restarted backend.
+- ``refuse_connections``: the server goes down like a crashed process: the listening socket
+  closes (connects are refused), open connections drop, running requests are lost; clearing it
+  listens again on the SAME port, like a restarted backend.
   ``restore_after_s`` (wall seconds) re-opens by itself; needed when you cannot reach Python,
   since a refusing server cannot receive the DELETE.
 """

@@ -109,10 +109,14 @@ class SimServer:
         await self.faults.clear()
 
     async def _on_refuse(self, refuse: bool) -> None:
-        """Stop listening (connects are refused), or listen again on the same port."""
+        """Go down like a crashed backend (stop listening, drop every connection, lose every
+        request), or come back on the same port like a restarted one."""
         if refuse:
             for listener in self._uvicorn.servers:
                 listener.close()
+            for connection in list(self._uvicorn.server_state.connections):
+                connection.transport.close()  # type: ignore[attr-defined]
+            self.live.abort(abort_all=True)
             return
         config = self._uvicorn.config
         protocol = functools.partial(

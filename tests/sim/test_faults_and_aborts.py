@@ -148,7 +148,14 @@ async def test_refused_connections_come_back_on_the_same_port(pair):
     server = pair.servers["plain"]
     url = pair.urls["plain"]
     async with httpx.AsyncClient() as http:
-        await server.set_faults(Faults(refuse_connections=True))
+        async with http.stream("POST", url + "/v1/completions", json=LONG) as response:
+            lines = response.aiter_lines()
+            await anext(lines)
+            await server.set_faults(Faults(refuse_connections=True))
+            with pytest.raises(httpx.RemoteProtocolError):  # a crash drops open streams too
+                async for _ in lines:
+                    pass
+        assert server.live.engine.num_running == 0
         with pytest.raises(httpx.ConnectError):
             async with httpx.AsyncClient() as fresh:
                 await fresh.get(url + "/ready")
