@@ -52,6 +52,14 @@ class GatewayMetrics:
                                   "Gateway time from request arrival to the upstream send.",
                                   ["backend"], buckets=_OVERHEAD_BUCKETS, registry=registry)
         registry.register(RouterCollector(router))
+        # Plain running totals for the built-in dashboard (it computes per-interval means).
+        self.ttft_totals: dict[str, list[float]] = {name: [0.0, 0] for name in BACKEND_NAMES}
+
+    def observe_ttft(self, backend: str, seconds: float) -> None:
+        self.ttft.labels(backend).observe(seconds)
+        totals = self.ttft_totals[backend]
+        totals[0] += seconds
+        totals[1] += 1
 
 
 class RouterCollector(Collector):

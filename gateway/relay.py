@@ -53,6 +53,14 @@ _KEEPALIVE_COMMENT = b": keep-alive\n\n"
 _EVENT_END = b"\n\n"
 _USAGE = re.compile(rb'"prompt_tokens":\s*(\d+).*?"completion_tokens":\s*(\d+)', re.S)
 _STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+_SSE_CONTENT_TYPE = [(b"content-type", b"text/event-stream; charset=utf-8")]
+
+
+SHUTDOWN = "shutdown"
+
+
+class ShuttingDown(GatewayError):
+    status, type, code, kind = 503, "server_error", "gateway_shutting_down", "shutdown"
 
 
 class UpstreamStatus(UpstreamError):
@@ -147,10 +155,10 @@ class ProxyEndpoint:
         try:
             await self._run(exchange, send, settings)
         except asyncio.CancelledError:
-            if watchdog.reason is None:
-                raise  # cancelled from outside (shutdown): not ours to swallow
+            # Ours (timeout, client gone) or the server's at the end of a graceful shutdown:
+            # either way the client gets a proper ending and the backend an abort.
             task.uncancel()
-            await self._interrupted(exchange, send, watchdog.reason)
+            await self._interrupted(exchange, send, watchdog.reason or SHUTDOWN)
         except GatewayError as exc:
             await self._failed(exchange, send, exc)
         finally:
@@ -163,45 +171,71 @@ class ProxyEndpoint:
             self.metrics.e2e.labels(lease.backend).observe(time.monotonic() - started)
 
     async def _run(self, exchange: Exchange, send: Send, settings: Settings) -> None:
-        response, first = await self._attempt_with_retry(exchange, settings)
+        response, first = await self._attempt_with_retry(exchange, send, settings)
         if response.status >= 400:
+            if exchange.committed:  # keep-alives went out: the status can no longer change
+                detail = (first + await response.read())[:500].decode("utf-8", "replace")
+                raise UpstreamStatus(response.status, exchange.lease.backend, detail)
             await self._pass_error(exchange, send, response, first)
             return
         if not exchange.inbound.stream:
             await self._relay_whole(exchange, send, response, first)
             return
-        await self._commit(exchange, send, response.status, response.headers, _STREAM_HEADERS)
-        if first:
-            await self._send_chunk(exchange, send, first)
+        if not exchange.committed:
+            await self._commit(exchange, send, response.status, response.headers, _STREAM_HEADERS)
+        await self._send_chunk(exchange, send, first)
         await self._relay_stream(exchange, send, response)
 
-    async def _attempt_with_retry(self, exchange: Exchange,
+    async def _attempt_with_retry(self, exchange: Exchange, send: Send,
                                   settings: Settings) -> tuple[UpstreamResponse, bytes]:
         lease = exchange.lease
         try:
-            return await self._attempt(exchange, settings)
+            return await self._attempt(exchange, send, settings)
         except UpstreamError as exc:
             self._count_failure(lease.backend, exc)
             fallback = other(lease.backend)
-            if not self.router.snapshot(time.monotonic()).backends[fallback].healthy:
+            if exchange.committed or not self._healthy(fallback):
                 raise
             self.metrics.retries.labels(lease.backend, fallback).inc()
             log.warning("retrying on %s after %s from %s", fallback, exc.kind, lease.backend)
             lease.move_to(fallback)
-            exchange.watchdog.first_byte_seen = False
-            return await self._attempt(exchange, settings)
+            return await self._attempt(exchange, send, settings)
 
-    async def _attempt(self, exchange: Exchange, settings: Settings) -> tuple[UpstreamResponse, bytes]:
-        """Send upstream and wait for the first body bytes; nothing reaches the client yet."""
+    def _healthy(self, backend: BackendName) -> bool:
+        health = self.router.health[backend]
+        return health.up and not health.circuit_open
+
+    async def _attempt(self, exchange: Exchange, send: Send,
+                       settings: Settings) -> tuple[UpstreamResponse, bytes]:
+        """Open the upstream response up to its first body bytes.
+
+        A stream whose first token is slow (long prefill, queue) gets SSE keep-alive comments
+        meanwhile, so idle-timeout proxies between the agent and the gateway keep it open."""
+        opening = self._open(exchange, settings)
+        keepalive_s = settings.timeouts.keepalive_s
+        if not exchange.inbound.stream or keepalive_s <= 0:
+            return await opening
+        waiting = asyncio.ensure_future(opening)
+        try:
+            while not (await asyncio.wait({waiting}, timeout=keepalive_s))[0]:
+                if not exchange.committed:
+                    await self._commit(exchange, send, 200, _SSE_CONTENT_TYPE, _STREAM_HEADERS)
+                await send({"type": "http.response.body", "body": _KEEPALIVE_COMMENT,
+                            "more_body": True})
+            return waiting.result()
+        finally:
+            waiting.cancel()
+
+    async def _open(self, exchange: Exchange, settings: Settings) -> tuple[UpstreamResponse, bytes]:
         inbound, backend = exchange.inbound, exchange.lease.backend
         if exchange.upstream is not None:
             exchange.upstream.close()
             exchange.upstream = None
         target = settings.backends.get(backend)
         headers = upstream_headers(exchange.client_headers, target.api_key)
-        self.metrics.requests.labels(backend, exchange.lease.decision.reason
-                                     if backend == exchange.lease.decision.backend
-                                     else "failover").inc()
+        decision = exchange.lease.decision
+        reason = decision.reason if backend == decision.backend else "failover"
+        self.metrics.requests.labels(backend, reason).inc()
         self.metrics.overhead.labels(backend).observe(time.monotonic() - exchange.started)
         response = await self.upstream.send("POST", target.url + inbound.path, headers, inbound.body)
         exchange.upstream = response
@@ -210,9 +244,7 @@ class ProxyEndpoint:
             raise UpstreamStatus(response.status, backend, detail)
         if response.status >= 400 or not inbound.stream:
             return response, b""
-        exchange.watchdog.reading = True
         first = await response.next_chunk()
-        exchange.watchdog.reading = False
         if not first:
             raise UpstreamStatus(502, backend, "stream ended before any data")
         exchange.watchdog.got_bytes()
@@ -246,10 +278,10 @@ class ProxyEndpoint:
         self.metrics.responses.labels(exchange.lease.backend, "200").inc()
 
     async def _send_chunk(self, exchange: Exchange, send: Send, chunk: bytes) -> None:
-        if exchange.first_byte_at is None:
+        if exchange.first_byte_at is None:  # the first model output, keep-alives aside
             exchange.first_byte_at = time.monotonic()
-            self.metrics.ttft.labels(exchange.lease.backend).observe(
-                exchange.first_byte_at - exchange.started)
+            self.metrics.observe_ttft(exchange.lease.backend,
+                                      exchange.first_byte_at - exchange.started)
         if exchange.tail:
             chunk, exchange.tail = exchange.tail + chunk, b""
         if not chunk.endswith(_EVENT_END):
@@ -304,6 +336,10 @@ class ProxyEndpoint:
             phase = "mid_stream" if exchange.first_byte_at is not None else "before_first_byte"
             self.metrics.disconnects.labels(backend, phase).inc()
             self.metrics.responses.labels(backend, "499").inc()
+            return
+        if reason == SHUTDOWN:
+            await self._failed(exchange, send, ShuttingDown("the gateway is shutting down; retry"),
+                               counted=True)
             return
         exc = UpstreamTimeout(f"backend '{backend}' {reason.replace('_', ' ')}", kind=reason)
         self._count_failure(backend, exc)

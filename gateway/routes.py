@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import hmac
 import time
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from gateway.config import BACKEND_NAMES, ConfigError, build_routing
 from gateway.errors import BadRequest, Forbidden, NoBackend, Unauthorized
 from gateway.inbound import bearer_token, parse_json_object
 
 router = APIRouter()
+DASHBOARD_HTML = (Path(__file__).parent / "dashboard.html").read_text(encoding="utf-8")
 
 
 def _runtime(request: Request) -> Any:
@@ -44,7 +46,10 @@ def routing_state(runtime: Any, *, with_urls: bool) -> dict[str, Any]:
         }
         if with_urls:
             backends[name]["url"] = runtime.settings.backends.get(name).url
+    ttft = {name: {"sum": total, "count": count}
+            for name, (total, count) in runtime.metrics.ttft_totals.items()}
     return {
+        "ttft": ttft,
         "mode": r.mode, "mode_for_s": round(time.monotonic() - r.mode_since, 3),
         "concurrency": r.concurrency, "routing": r.routing.model_dump(mode="json"),
         "backends": backends, "sessions": len(r.sessions),
@@ -91,6 +96,14 @@ async def dashboard_state(request: Request) -> JSONResponse:
     if not runtime.settings.auth.metrics_public:
         require_admin(request)
     return JSONResponse(routing_state(runtime, with_urls=False))
+
+
+@router.get("/dashboard")
+async def dashboard(request: Request) -> HTMLResponse:
+    runtime = _runtime(request)
+    if not runtime.settings.auth.metrics_public:
+        require_admin(request)
+    return HTMLResponse(DASHBOARD_HTML)
 
 
 @router.put("/admin/routing")

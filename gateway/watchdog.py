@@ -62,7 +62,7 @@ class Watchdog:
             deadlines.append((self.last_activity + t.idle_s, "timeout_idle"))
         else:
             deadlines.append((self._started + t.first_byte_s, "timeout_first_byte"))
-        if self._keepalive_s > 0:
+        if self._keepalive_s > 0 and self.first_byte_seen:  # before it: relay._attempt's job
             deadlines.append((self.last_activity + self._keepalive_s, KEEPALIVE))
         return deadlines
 

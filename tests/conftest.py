@@ -1,0 +1,57 @@
+"""Shared fixtures: the simulated SGLang pair and a live gateway in front of it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from gateway.app import create_app
+from gateway.config import build_settings
+from gateway.sim.server import SimOptions, SimPair, start_sim_pair
+from tests.live import serve_app
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[SimPair]:
+    async with start_sim_pair(SimOptions(time_scale=0.02)) as pair:
+        yield pair
+
+
+class LiveGateway:
+    def __init__(self, app: FastAPI, url: str) -> None:
+        self.app = app
+        self.url = url
+
+    @property
+    def runtime(self) -> Any:
+        return self.app.state.runtime
+
+    @property
+    def router(self) -> Any:
+        return self.runtime.router
+
+
+def gateway_settings(pair: SimPair | None, **sections: dict[str, Any]) -> Any:
+    data: dict[str, Any] = {"monitor": {"interval_s": 0.05}}
+    if pair is not None:
+        data["backends"] = {name: {"url": url} for name, url in pair.urls.items()}
+    for section, values in sections.items():
+        data[section] = {**data.get(section, {}), **values}
+    return build_settings(data)
+
+
+@contextlib.asynccontextmanager
+async def live_gateway(pair: SimPair | None, *, config_path: Any = None,
+                       **sections: dict[str, Any]) -> AsyncIterator[LiveGateway]:
+    app = create_app(gateway_settings(pair, **sections), registry=CollectorRegistry(),
+                     config_path=config_path)
+    async with serve_app(app) as url:
+        gateway = LiveGateway(app, url)
+        if pair is not None:  # the first probe round has read caps and models
+            await gateway.runtime.monitor.probe_all()
+        yield gateway

@@ -1,0 +1,399 @@
+"""The gateway on a real socket in front of the simulated SGLang pair, driven by real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.sim.faults import Faults
+from gateway.sim.server import SimOptions, start_sim_pair
+from tests.conftest import LiveGateway, live_gateway
+from tests.live import wait_until
+
+CHAT = {"model": "Qwen/Qwen3.5-122B-A10B", "messages": [{"role": "user", "content": "hello"}]}
+
+
+def chat(max_tokens: int = 20, **extra: Any) -> dict[str, Any]:
+    return {**CHAT, "max_tokens": max_tokens, **extra}
+
+
+def sse_events(raw: bytes) -> list[str]:
+    return [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
+
+
+def text_of(raw: bytes) -> str:
+    out = []
+    for event in sse_events(raw):
+        if event != "[DONE]":
+            for choice in json.loads(event).get("choices", []):
+                out.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
+    return "".join(out)
+
+
+class OpenStream:
+    """A streaming request held open by the test until it chooses to close it."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> None:
+        self._context = client.stream("POST", url, json=body)
+        self.response: httpx.Response | None = None
+        self.first = b""
+
+    async def open(self) -> OpenStream:
+        self.response = await self._context.__aenter__()
+        self.chunks = self.response.aiter_raw()  # held: a dropped iterator closes the stream
+        self.first = await self.chunks.__anext__()
+        return self
+
+    @property
+    def backend(self) -> str:
+        assert self.response is not None
+        return self.response.headers["x-gateway-backend"]
+
+    @property
+    def reason(self) -> str:
+        assert self.response is not None
+        return self.response.headers["x-gateway-route-reason"]
+
+    @property
+    def rid(self) -> str:
+        return json.loads(sse_events(self.first)[0])["id"]
+
+    async def close(self) -> None:
+        await self._context.__aexit__(None, None, None)
+
+
+async def settled(gateway: LiveGateway, concurrency: int) -> None:
+    await wait_until(lambda: gateway.router.concurrency == concurrency, timeout=5)
+
+
+# --- the real openai client --------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+async def test_openai_client_stream_and_non_stream_agree(sim) -> None:
+    async with live_gateway(sim) as gateway:
+        client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused")
+        whole = await client.chat.completions.create(**chat(max_tokens=30, seed=7))
+        stream = await client.chat.completions.create(**chat(max_tokens=30, seed=7), stream=True,
+                                                      stream_options={"include_usage": True})
+        pieces, usage = [], None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+            usage = chunk.usage or usage
+        assert "".join(pieces) == whole.choices[0].message.content
+        assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens == 30
+        completion = await client.completions.create(model=CHAT["model"], prompt="Once",
+                                                     max_tokens=12)
+        streamed = await client.completions.create(model=CHAT["model"], prompt="Once",
+                                                   max_tokens=12, stream=True)
+        text = "".join([c.choices[0].text async for c in streamed if c.choices])
+        assert text == completion.choices[0].text
+        await client.close()
+        await settled(gateway, 0)
+
+
+@pytest.mark.timeout(30)
+async def test_stream_bytes_pass_through_untouched(sim) -> None:
+    """Tool calls, reasoning and every other field: the client gets what SGLang sent."""
+    body = chat(max_tokens=16, stream=True, rid="fixed-rid-1",
+                tools=[{"type": "function", "function": {"name": "ls", "parameters": {}}}],
+                tool_choice="required", chat_template_kwargs={"enable_thinking": True})
+    # The plain server: one token per chunk, so even the chunking must match exactly.
+    async with live_gateway(sim, routing={"policy": "plain-only"}) as gateway, \
+            httpx.AsyncClient() as client:
+        via_gateway = (await client.post(gateway.url + "/v1/chat/completions", json=body)).content
+        body["rid"] = "fixed-rid-2"
+        direct = (await client.post(sim.urls["plain"] + "/v1/chat/completions", json=body)).content
+    assert b"tool_calls" in direct and b"reasoning_content" in direct
+
+    def same_up_to_id_and_clock(raw: bytes, rid: bytes) -> bytes:
+        return re.sub(rb'"created":\s*\d+', b'"created":0', raw.replace(rid, b"RID"))
+
+    assert (same_up_to_id_and_clock(via_gateway, b"fixed-rid-1")
+            == same_up_to_id_and_clock(direct, b"fixed-rid-2"))
+    assert via_gateway.endswith(b"data: [DONE]\n\n")
+
+
+# --- routing -------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+async def test_routing_follows_concurrency_with_hysteresis(sim) -> None:
+    routing = {"crossover": 4, "hysteresis": 2, "min_dwell_s": 0}
+    async with live_gateway(sim, routing=routing) as gateway, httpx.AsyncClient() as client:
+        url = gateway.url + "/v1/chat/completions"
+
+        async def start() -> OpenStream:
+            return await OpenStream(client, url, chat(max_tokens=100000, stream=True, ignore_eos=True)).open()
+
+        streams = [await start() for _ in range(6)]
+        assert [(s.backend, s.reason) for s in streams] == (
+            [("mtp", "below_crossover")] * 4 + [("plain", "above_crossover")] * 2)
+        for s in streams[:3]:
+            await s.close()
+        await settled(gateway, 3)  # inside the band (2, 4): plain holds
+        held = await start()
+        assert (held.backend, held.reason) == ("plain", "hysteresis_hold")
+        for s in [*streams[3:5], held]:
+            await s.close()
+        await settled(gateway, 1)
+        back = await start()
+        assert (back.backend, back.reason) == ("mtp", "below_crossover")
+        for s in (streams[5], back):
+            await s.close()
+        await settled(gateway, 0)
+
+
+@pytest.mark.timeout(60)
+async def test_capacity_guard_never_queues_behind_mtp_cap(sim) -> None:
+    cap = sim.servers["mtp"].live.engine.profile.effective_max_running
+    async with live_gateway(sim, routing={"crossover": 200, "hysteresis": 10}) as gateway, \
+            httpx.AsyncClient(limits=httpx.Limits(max_connections=100)) as client:
+        assert gateway.router.health["mtp"].effective_cap == cap == 24
+        url = gateway.url + "/v1/chat/completions"
+        streams = [await OpenStream(client, url, chat(max_tokens=100000, stream=True, ignore_eos=True)).open()
+                   for _ in range(cap + 2)]
+        assert [s.backend for s in streams] == ["mtp"] * cap + ["plain"] * 2
+        assert {s.reason for s in streams[cap:]} == {"mtp_at_capacity"}
+        assert sim.servers["mtp"].live.engine.num_waiting == 0
+        await asyncio.gather(*(s.close() for s in streams))
+        await settled(gateway, 0)
+
+
+@pytest.mark.timeout(30)
+async def test_failover_when_a_backend_is_down(sim) -> None:
+    await sim.servers["mtp"].set_faults(Faults(refuse_connections=True))
+    async with live_gateway(sim, monitor={"fall": 1}) as gateway, httpx.AsyncClient() as client:
+        await wait_until(lambda: not gateway.router.health["mtp"].up)
+        response = await client.post(gateway.url + "/v1/chat/completions", json=chat())
+        assert response.status_code == 200
+        assert response.headers["x-gateway-backend"] == "plain"
+        assert response.headers["x-gateway-route-reason"] == "failover"
+        await sim.servers["plain"].set_faults(Faults(refuse_connections=True))
+        await wait_until(lambda: not gateway.router.health["plain"].up)
+        response = await client.post(gateway.url + "/v1/chat/completions", json=chat())
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "no_backend_available"
+        assert gateway.router.concurrency == 0
+
+
+@pytest.mark.timeout(30)
+async def test_connection_refused_retries_on_the_other_backend_before_any_byte(sim) -> None:
+    await sim.servers["mtp"].set_faults(Faults(refuse_connections=True))
+    async with live_gateway(sim, monitor={"interval_s": 60}) as gateway, \
+            httpx.AsyncClient() as client:
+        gateway.router.health["mtp"].up = True  # the monitor has not noticed yet
+        response = await client.post(gateway.url + "/v1/chat/completions", json=chat(stream=True))
+        assert response.status_code == 200 and response.headers["x-gateway-backend"] == "plain"
+        assert response.content.endswith(b"data: [DONE]\n\n")
+        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+        metrics = (await client.get(gateway.url + "/metrics")).text
+        assert 'gateway_retries_total{from_backend="mtp",to_backend="plain"} 1.0' in metrics
+
+
+# --- in-flight accounting: every way a request can end --------------------------------------
+
+@pytest.mark.timeout(30)
+async def test_inflight_returns_to_zero_after_normal_completion(sim) -> None:
+    async with live_gateway(sim) as gateway, httpx.AsyncClient() as client:
+        bodies = [chat(stream=i % 2 == 0) for i in range(8)]
+        responses = await asyncio.gather(
+            *(client.post(gateway.url + "/v1/chat/completions", json=b) for b in bodies))
+        assert {r.status_code for r in responses} == {200}
+        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+
+
+@pytest.mark.timeout(30)
+async def test_client_disconnect_mid_stream_releases_and_aborts_upstream() -> None:
+    # time_scale 1: SGLang's own abort comes 2 s after a disconnect; the gateway's is immediate.
+    async with start_sim_pair(SimOptions(time_scale=1.0)) as pair, live_gateway(pair) as gateway, \
+            httpx.AsyncClient() as client:
+        engine = pair.servers["mtp"].live.engine
+        stream = await OpenStream(client, gateway.url + "/v1/chat/completions",
+                                  chat(max_tokens=100000, stream=True, ignore_eos=True)).open()
+        assert stream.rid in engine
+        closed_at = time.perf_counter()
+        await stream.close()
+        await wait_until(lambda: stream.rid not in engine, timeout=1.5)
+        took = time.perf_counter() - closed_at
+        assert took < 1.0, f"abort took {took:.3f} s: that is SGLang's own 2 s timer, not ours"
+        await settled(gateway, 0)
+        metrics = (await client.get(gateway.url + "/metrics")).text
+        assert 'gateway_client_disconnects_total{backend="mtp",phase="mid_stream"} 1.0' in metrics
+
+
+@pytest.mark.timeout(30)
+async def test_client_disconnect_before_first_byte(sim) -> None:
+    await sim.servers["mtp"].set_faults(Faults(hang_before_first_byte=True))
+    async with live_gateway(sim) as gateway:
+        client = httpx.AsyncClient()
+        task = asyncio.create_task(
+            client.post(gateway.url + "/v1/chat/completions", json=chat(stream=True)))
+        await settled(gateway, 1)
+        task.cancel()
+        await client.aclose()
+        await settled(gateway, 0)
+        metrics = (await httpx.AsyncClient().get(gateway.url + "/metrics")).text
+        assert 'phase="before_first_byte"} 1.0' in metrics
+
+
+@pytest.mark.timeout(30)
+async def test_backend_crash_mid_stream_ends_with_an_error_event(sim) -> None:
+    await sim.servers["mtp"].set_faults(Faults(crash_after_chunks=3))
+    async with live_gateway(sim) as gateway, httpx.AsyncClient() as client:
+        response = await client.post(gateway.url + "/v1/chat/completions",
+                                     json=chat(max_tokens=50, stream=True))
+        events = sse_events(response.content)
+        assert response.headers["x-gateway-backend"] == "mtp"  # bytes went out: no retry
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["code"] == "upstream_stream_broken"
+        assert all(json.loads(e) for e in events[:-1])  # no event was cut in half
+        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+
+
+@pytest.mark.timeout(30)
+async def test_upstream_5xx_retries_then_reports_openai_shaped(sim) -> None:
+    await sim.servers["mtp"].set_faults(Faults(fail_status=500, fail_count=1))
+    async with live_gateway(sim) as gateway, httpx.AsyncClient() as client:
+        retried = await client.post(gateway.url + "/v1/chat/completions", json=chat())
+        assert retried.status_code == 200 and retried.headers["x-gateway-backend"] == "plain"
+        for name in ("mtp", "plain"):
+            await sim.servers[name].set_faults(Faults(fail_status=503))
+        failed = await client.post(gateway.url + "/v1/chat/completions", json=chat(stream=True))
+        assert failed.status_code == 503
+        assert set(failed.json()["error"]) == {"message", "type", "param", "code"}
+        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+
+
+@pytest.mark.timeout(30)
+async def test_first_byte_timeout_ends_cleanly(sim) -> None:
+    for name in ("mtp", "plain"):
+        await sim.servers[name].set_faults(Faults(hang_before_first_byte=True))
+    async with live_gateway(sim, timeouts={"first_byte_s": 0.3}) as gateway, \
+            httpx.AsyncClient() as client:
+        response = await client.post(gateway.url + "/v1/chat/completions", json=chat(stream=True))
+        assert response.status_code == 504
+        assert response.json()["error"]["code"] == "upstream_timeout"
+        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+        await wait_until(lambda: sim.servers["mtp"].live.engine.num_running == 0)
+
+
+@pytest.mark.timeout(30)
+async def test_keepalive_comment_only_after_silence(sim) -> None:
+    await sim.servers["mtp"].set_faults(Faults(hang_before_first_byte=True))
+    async with live_gateway(sim, timeouts={"keepalive_s": 0.2}) as gateway, \
+            httpx.AsyncClient() as client:
+        url = gateway.url + "/v1/chat/completions"
+        async with client.stream("POST", url, json=chat(stream=True)) as response:
+            chunks = response.aiter_raw()
+            first = await chunks.__anext__()
+            assert first == b": keep-alive\n\n"
+            await sim.servers["mtp"].clear_faults()
+            rest = b"".join([chunk async for chunk in chunks])
+        assert rest.endswith(b"data: [DONE]\n\n") and text_of(rest)
+        plain = await client.post(url, json=chat(stream=True))  # quick: no comment at all
+        assert b": keep-alive" not in plain.content
+
+
+# --- metrics, reload, auth -----------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+async def test_metrics_after_a_known_sequence(sim) -> None:
+    async with live_gateway(sim) as gateway, httpx.AsyncClient() as client:
+        url = gateway.url + "/v1/chat/completions"
+        for _ in range(3):
+            await client.post(url, json=chat(max_tokens=10, stream=True,
+                                             stream_options={"include_usage": True}))
+        await client.post(url, json=chat(max_tokens=5))
+        await client.post(url, content=b"{", headers={"content-type": "application/json"})
+        text = (await client.get(gateway.url + "/metrics")).text
+    expected = [
+        'gateway_requests_total{backend="mtp",reason="below_crossover"} 4.0',
+        'gateway_responses_total{backend="mtp",code="200"} 4.0',
+        'gateway_completion_tokens_total{backend="mtp"} 35.0',
+        'gateway_ttft_seconds_count{backend="mtp"} 3.0',
+        'gateway_e2e_seconds_count{backend="mtp"} 4.0',
+        'gateway_rejected_total{reason="invalid_request"} 1.0',
+        'gateway_inflight{backend="mtp"} 0.0',
+        'gateway_mode{mode="mtp"} 1.0',
+        'gateway_crossover 24.0',
+        'gateway_backend_effective_cap{backend="mtp"} 24.0',
+        'gateway_backend_up{backend="plain"} 1.0',
+    ]
+    assert [line for line in expected if line not in text] == []
+
+
+@pytest.mark.timeout(30)
+async def test_hot_reload_of_routing(sim, tmp_path) -> None:
+    config = tmp_path / "config.yaml"
+    base = "backends:\n" + "".join(f"  {n}:\n    url: {u}\n" for n, u in sim.urls.items())
+    config.write_text(base + "routing:\n  crossover: 24\n")
+    async with live_gateway(sim, config_path=config) as gateway:
+        config.write_text(base + "routing:\n  crossover: 7\n  hysteresis: 2\n")
+        await wait_until(lambda: gateway.router.routing.crossover == 7, timeout=5)
+        config.write_text(base + "routing:\n  crossover: oops\n")  # a bad edit is refused
+        await asyncio.sleep(0)  # let nothing in particular happen; the next check polls
+        assert gateway.runtime.reload_from_file() is False
+        assert gateway.router.routing.crossover == 7
+
+
+@pytest.mark.timeout(30)
+async def test_admin_routing_update_needs_the_admin_key(sim) -> None:
+    async with live_gateway(sim) as closed, httpx.AsyncClient() as client:
+        response = await client.put(closed.url + "/admin/routing", json={"crossover": 8})
+        assert response.status_code == 403
+    async with live_gateway(sim, auth={"admin_key": "s3cret"}) as gateway, \
+            httpx.AsyncClient() as client:
+        url = gateway.url + "/admin/routing"
+        assert (await client.put(url, json={"crossover": 8})).status_code == 401
+        good = {"authorization": "Bearer s3cret"}
+        bad = await client.put(url, json={"crossover": 2, "hysteresis": 5}, headers=good)
+        assert bad.status_code == 400 and "hysteresis" in bad.json()["error"]["message"]
+        ok = await client.put(url, json={"crossover": 8, "hysteresis": 3}, headers=good)
+        assert ok.status_code == 200 and gateway.router.routing.crossover == 8
+        state = (await client.get(gateway.url + "/admin/state", headers=good)).json()
+        assert state["routing"]["crossover"] == 8 and state["mode"] == "mtp"
+
+
+@pytest.mark.timeout(30)
+async def test_client_api_keys(sim) -> None:
+    async with live_gateway(sim, auth={"api_keys": ["k1", "k2"]}) as gateway, \
+            httpx.AsyncClient() as client:
+        url = gateway.url + "/v1/chat/completions"
+        missing = await client.post(url, json=chat())
+        assert missing.status_code == 401
+        assert missing.json()["error"]["type"] == "authentication_error"
+        wrong = await client.post(url, json=chat(), headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        ok = await client.post(url, json=chat(), headers={"authorization": "Bearer k2"})
+        anthropic_style = await client.post(url, json=chat(), headers={"x-api-key": "k1"})
+        assert ok.status_code == anthropic_style.status_code == 200
+
+
+@pytest.mark.timeout(30)
+async def test_backend_api_key_goes_upstream_and_never_back() -> None:
+    async with start_sim_pair(SimOptions(time_scale=0.02, api_key="backend-secret")) as pair:
+        backends = {n: {"url": u, "api_key": "backend-secret"} for n, u in pair.urls.items()}
+        async with live_gateway(pair, backends=backends) as gateway, \
+                httpx.AsyncClient() as client:
+            response = await client.post(gateway.url + "/v1/chat/completions", json=chat())
+            assert response.status_code == 200
+            assert "backend-secret" not in str(response.headers) + response.text
+
+
+@pytest.mark.timeout(30)
+async def test_models_health_and_unknown_model(sim) -> None:
+    async with live_gateway(sim) as gateway, httpx.AsyncClient() as client:
+        models = (await client.get(gateway.url + "/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == [CHAT["model"]]
+        health = await client.get(gateway.url + "/health")
+        assert health.status_code == 200 and set(health.json()["backends"]) == {"mtp", "plain"}
+        unknown = await client.post(gateway.url + "/v1/chat/completions",
+                                    json={**chat(), "model": "gpt-5"})
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
