@@ -69,7 +69,9 @@ def _port(url: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mtp-gateway", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="mtp-gateway",
+        description="Adaptive gateway: MTP SGLang server when quiet, plain server when saturated.")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_serve_arguments(commands.add_parser("serve", help="run the gateway"))
     demo_parser = commands.add_parser("demo", help="gateway + two simulated SGLang servers")
@@ -78,8 +80,12 @@ def main(argv: list[str] | None = None) -> int:
                              help="simulated time per real second (1.0 = real speed)")
     sim_parser = commands.add_parser("sim", help="two simulated SGLang servers (mtp + plain)")
     _add_optional(sim_parser, "gateway.sim.cli")
-    for name in ("bench", "calibrate"):
-        _add_optional(commands.add_parser(name, help=f"{name} (see README)"), f"gateway.bench.{name}_cli")
+    for name, module, help_text in (
+        ("bench", "gateway.bench.bench_cli", "load sweeps over HTTP or in virtual time"),
+        ("calibrate", "gateway.bench.calibrate_cli", "measure both backends, set the crossover"),
+        ("overhead", "gateway.bench.overhead", "the gateway's own cost per request and chunk"),
+    ):
+        _add_optional(commands.add_parser(name, help=help_text), module)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -104,7 +110,9 @@ def _add_optional(parser: argparse.ArgumentParser, module: str) -> None:
 
     try:
         mod = importlib.import_module(module)
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise  # a real import error inside the module: do not hide it
         parser.set_defaults(run=lambda _args: _missing(module))
         return
     mod.add_arguments(parser)
