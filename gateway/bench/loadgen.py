@@ -5,6 +5,10 @@ incrementally with :class:`gateway.bench.sse.SSEParser`. Output tokens come from
 usage chunk (``completion_tokens``); without one, each content chunk counts as one token. The
 backend that served a request comes from the ``x-gateway-backend`` response header, or is the
 target's own name when the target is a backend.
+
+``time_scale`` is for simulated servers run faster than real time (``SimOptions.time_scale``,
+``mtp-gateway sim --time-scale``): every time is measured in simulated seconds (real seconds /
+time_scale) and think times shrink alike, so figures compare with the modelled hardware's.
 """
 
 from __future__ import annotations
@@ -129,13 +133,14 @@ def _handle(data: str, now: float, record: RequestRecord, text: list[str], done:
 
 async def run_http_level(session: aiohttp.ClientSession, target: Target, workload: Workload,
                          plan: LevelPlan, *, model: str | None = None, api_key: str | None = None,
-                         progress: Progress | None = None) -> tuple[list[RequestRecord], float]:
+                         progress: Progress | None = None,
+                         time_scale: float = 1.0) -> tuple[list[RequestRecord], float]:
     """One level against one target: ``plan.concurrency`` closed-loop slots started together."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
 
     def clock() -> float:
-        return loop.time() - t0
+        return (loop.time() - t0) / time_scale
 
     records: list[RequestRecord] = []
     counters = {"started": 0, "scripts": 0}
@@ -160,7 +165,7 @@ async def run_http_level(session: aiohttp.ClientSession, target: Target, workloa
                     break
                 value = None
                 if isinstance(action, Think):
-                    await asyncio.sleep(action.seconds)
+                    await asyncio.sleep(action.seconds * time_scale)
                 elif isinstance(action, Send):
                     counters["started"] += len(action.jobs)
                     value = list(await asyncio.gather(*(request(job) for job in action.jobs)))
@@ -172,7 +177,8 @@ async def run_http_level(session: aiohttp.ClientSession, target: Target, workloa
 async def run_http_sweep(targets: Sequence[Target], workload_factory: Callable[[], Workload],
                          plans: Sequence[LevelPlan], *, model: str | None = None,
                          api_key: str | None = None, progress: Progress | None = None,
-                         request_timeout_s: float = 3600.0) -> dict[str, list[LevelResult]]:
+                         request_timeout_s: float = 3600.0,
+                         time_scale: float = 1.0) -> dict[str, list[LevelResult]]:
     """The sweep against every target, interleaved level by level in a rotating order, so
     drift on the machine (thermal, other tenants) hits every target alike."""
     results: dict[str, list[LevelResult]] = {t.name: [] for t in targets}
@@ -188,7 +194,7 @@ async def run_http_sweep(targets: Sequence[Target], workload_factory: Callable[[
                     progress.start(f"{target.name} C={plan.concurrency}", plan.requests)
                 records, wall = await run_http_level(session, target, workload_factory(), plan,
                                                      model=models[target.name], api_key=api_key,
-                                                     progress=progress)
+                                                     progress=progress, time_scale=time_scale)
                 if progress:
                     progress.finish()
                 results[target.name].append(

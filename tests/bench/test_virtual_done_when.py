@@ -16,7 +16,13 @@ from gateway.config import load_settings
 from gateway.sim.profile import load_profiles
 
 ROOT = Path(__file__).resolve().parents[2]
-LEVELS = [1, 2, 4, 8, 16, 24, 32, 48, 64, 128]
+LEVELS = [1, 2, 4, 8, 16, 24, 26, 28, 30, 32, 48, 64, 128]
+# Between MTP's running cap (24) and the seed's aggregate crossing (~31) the default crossover
+# (24) sends load to plain, which there is only 86 % (C=26) and 92 % (C=28) of MTP-at-its-cap
+# on the seed workload (100 % acceptance). The chat workload (acceptance 0.7) crosses at ~25,
+# so no single static crossover serves both: see docs/bench/README.md. Strict xfail: it starts
+# failing as soon as the policy (an acceptance-aware crossover) fixes it.
+KNOWN_SHORTFALL = {("seed", 26), ("seed", 28)}
 PLANS = plan_levels(LEVELS, duration_s=150.0, warmup_s=50.0)
 
 
@@ -31,10 +37,16 @@ def rows(workload: str):
     return zip(results["gateway"], results["mtp-only"], results["plain-only"], strict=True)
 
 
-@pytest.mark.parametrize("workload", ["seed", "chat"])
-def test_gateway_reaches_95_percent_of_the_better_static_backend(workload):
+CASES = [pytest.param(w, c, marks=pytest.mark.xfail(strict=True, reason="static crossover, see LEVELS")
+                      if (w, c) in KNOWN_SHORTFALL else ()) for w in ("seed", "chat") for c in LEVELS]
+
+
+@pytest.mark.parametrize(("workload", "concurrency"), CASES)
+def test_gateway_reaches_95_percent_of_the_better_static_backend(workload, concurrency):
     failures = []
     for gw, mtp, plain in rows(workload):
+        if gw.concurrency != concurrency:
+            continue
         best_aggregate = max(mtp.aggregate_tps, plain.aggregate_tps)
         if gw.aggregate_tps < 0.95 * best_aggregate:
             failures.append(f"C={gw.concurrency} aggregate {gw.aggregate_tps:.0f} "
@@ -51,6 +63,8 @@ def test_gateway_uses_mtp_below_the_crossover_and_plain_above(workload):
     for gw, _, _ in rows(workload):
         if gw.concurrency <= 24:
             assert gw.share == {"mtp": 1.0}, gw
+        elif gw.concurrency < 32:
+            continue
         elif gw.concurrency >= 32:
             assert gw.share.get("plain", 0) >= 0.99, gw
     assert all(gw.errors == 0 for gw, _, _ in rows(workload))

@@ -1,0 +1,209 @@
+"""Calibration: find the crossover in two measured curves, write it into config.yaml in place,
+and turn the curves into a simulator profile.
+
+The crossover rule (``find_crossover``)
+---------------------------------------
+Inputs: per measured concurrency C, each backend's aggregate tok/s and its user-visible
+per-request tok/s (``tokens / e2e``, queueing included: above MTP's running cap its requests
+wait for a slot, and their fast decode is not what their users get).
+
+1. For each of the two figures take the difference d(C) = MTP - plain. Its *crossing* is the
+   lowest measured level C_hi with d <= 0 there and at every higher level (one noisy level
+   cannot pull it down). With the level C_lo just below it (d > 0 there), the equal point is
+   interpolated linearly: C* = C_lo + (C_hi - C_lo) * d(C_lo) / (d(C_lo) - d(C_hi)). When plain
+   already wins at the lowest level, C* = that level - 1; when it never wins, there is none.
+2. The two conditions must both hold ("plain's aggregate beats MTP's *and* MTP's per-request
+   lead is gone"), so the crossing is the larger of the two C*.
+3. ``routing.crossover`` is compared with live concurrency *not counting the new request*:
+   with crossover X, X closed-loop clients stay on MTP and the (X+1)-th request goes to plain.
+   So the value is floor(C*): the last concurrency at which MTP is still at least as good.
+4. It is capped at MTP's effective running cap (``/server_info``) when known: above the cap a
+   gateway with the capacity guard sends the overflow to plain while MTP is still busy, and the
+   two servers then time-slice one GPU, slower than plain alone (virtual time, seed workload,
+   crossover 32 with the guard: 0.79 x plain-only at C=32). The uncapped crossing is reported
+   too; it only pays with ``capacity_guard: false`` (MTP then queues past its cap).
+
+Hysteresis: kept unless it no longer fits under the new crossover (it must be smaller, and a
+band wider than half the crossover would hold plain mode at loads where MTP is clearly better);
+then it becomes max(1, crossover // 4).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from gateway.bench.stats import LevelResult
+from gateway.sim.profile import Profile
+
+
+@dataclass(frozen=True)
+class Crossing:
+    level: float | None  # interpolated equal point C*, None when plain never wins
+    first_plain_level: int | None  # the measured level C_hi
+
+
+def crossing(levels: Sequence[int], mtp: Sequence[float], plain: Sequence[float]) -> Crossing:
+    """Where plain overtakes MTP for good on one figure (rule step 1)."""
+    diffs = [m - p for m, p in zip(mtp, plain, strict=True)]
+    first = None
+    for i in range(len(levels) - 1, -1, -1):
+        if diffs[i] <= 0 and not math.isnan(diffs[i]):
+            first = i
+        else:
+            break
+    if first is None:
+        return Crossing(None, None)
+    if first == 0:
+        return Crossing(float(max(levels[0] - 1, 0)), levels[0])
+    lo, hi = levels[first - 1], levels[first]
+    d_lo, d_hi = diffs[first - 1], diffs[first]
+    return Crossing(lo + (hi - lo) * d_lo / (d_lo - d_hi), hi)
+
+
+@dataclass(frozen=True)
+class CrossoverResult:
+    crossover: int | None  # the value for routing.crossover (None: plain never wins)
+    uncapped: int | None
+    aggregate: Crossing
+    per_request: Crossing
+    mtp_cap: int | None
+
+    def explain(self) -> str:
+        def fmt(c: Crossing) -> str:
+            if c.level is None:
+                return "plain never overtakes MTP in the measured range"
+            return (f"equal at C = {c.level:.1f} "
+                    f"(plain ahead from the measured level {c.first_plain_level} on)")
+
+        lines = [f"aggregate tok/s: {fmt(self.aggregate)}",
+                 f"user-visible per-request tok/s: {fmt(self.per_request)}"]
+        if self.crossover is None:
+            lines.append("no crossover: MTP is as good or better at every measured level")
+        else:
+            capped = (f", capped at MTP's effective running cap {self.mtp_cap} (uncapped {self.uncapped})"
+                      if self.uncapped is not None and self.crossover < self.uncapped else "")
+            lines.append(f"crossover = {self.crossover}: MTP up to {self.crossover} requests in flight, "
+                         f"plain from {self.crossover + 1}{capped}")
+        return "\n".join(lines)
+
+
+def find_crossover(mtp: Sequence[LevelResult], plain: Sequence[LevelResult],
+                   mtp_cap: int | None = None) -> CrossoverResult:
+    by_plain = {r.concurrency: r for r in plain}
+    pairs = [(m, by_plain[m.concurrency]) for m in sorted(mtp, key=lambda r: r.concurrency)
+             if m.concurrency in by_plain]
+    if not pairs:
+        raise ValueError("no level measured on both backends")
+    levels = [m.concurrency for m, _ in pairs]
+    agg = crossing(levels, [m.aggregate_tps for m, _ in pairs], [p.aggregate_tps for _, p in pairs])
+    per = crossing(levels, [m.user_tps for m, _ in pairs], [p.user_tps for _, p in pairs])
+    if agg.level is None or per.level is None:
+        return CrossoverResult(None, None, agg, per, mtp_cap)
+    uncapped = max(1, math.floor(max(agg.level, per.level)))
+    crossover = min(uncapped, mtp_cap) if mtp_cap else uncapped
+    return CrossoverResult(crossover, uncapped, agg, per, mtp_cap)
+
+
+def suggested_hysteresis(crossover: int, current: int) -> int:
+    if current < crossover and current <= crossover // 2:
+        return current
+    return max(1, crossover // 4) if crossover > 1 else 0
+
+
+# --- editing config.yaml in place ------------------------------------------------------------
+
+_TOP_KEY = re.compile(r"^(?P<key>[A-Za-z_][\w-]*)\s*:(?P<rest>.*)$")
+
+
+def set_routing_values(text: str, values: Mapping[str, int | float | str]) -> str:
+    """Set keys of the top-level ``routing:`` block in YAML text, touching nothing else.
+
+    A key's value is replaced on its own line, keeping indentation and any trailing comment;
+    a missing key is added at the top of the block; a missing block is appended.
+    """
+    lines = text.splitlines(keepends=True)
+    start = end = None
+    for i, line in enumerate(lines):
+        match = _TOP_KEY.match(line)
+        if start is None and match and match["key"] == "routing":
+            rest = match["rest"].split("#", 1)[0].strip()
+            if rest:
+                raise ValueError("the routing section is written inline; edit it by hand")
+            start = i
+        elif start is not None and match:
+            end = i
+            break
+    if start is None:
+        block = "routing:\n" + "".join(f"  {k}: {v}\n" for k, v in values.items())
+        return text + ("" if not text or text.endswith("\n") else "\n") + block
+    end = len(lines) if end is None else end
+    indent = "  "
+    for line in lines[start + 1:end]:
+        m = re.match(r"^(\s+)[A-Za-z_]", line)
+        if m:
+            indent = m.group(1)
+            break
+    for key, value in values.items():
+        pattern = re.compile(rf"^(?P<lead>{re.escape(indent)}{re.escape(key)}\s*:[ \t]*)(?P<value>[^#\r\n]*?)"
+                             rf"(?P<tail>[ \t]*(#[^\r\n]*)?)(?P<eol>\r?\n?)$")
+        for i in range(start + 1, end):
+            m = pattern.match(lines[i])
+            if m:
+                lines[i] = f"{m['lead']}{value}{m['tail']}{m['eol'] or ''}"
+                break
+        else:
+            lines.insert(start + 1, f"{indent}{key}: {value}\n")
+            end += 1
+    return "".join(lines)
+
+
+# --- measured curves -> simulator profile ----------------------------------------------------
+
+def accept_prob_for(accept_length: float, num_steps: int) -> float:
+    """Per-draft acceptance p with 1 + p + p^2 + ... + p^num_steps = accept_length."""
+    target = max(1.0, min(accept_length, num_steps + 1.0))
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid**k for k in range(num_steps + 1)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return round((lo + hi) / 2, 4)
+
+
+def fit_profile(base: Profile, results: Sequence[LevelResult], cap: int | None,
+                accept_length: float | None = None, num_steps: int | None = None,
+                greedy_repetitive: bool = True) -> Profile:
+    """A profile that replays measured per-request decode speeds.
+
+    The decode step of a batch b emits ``tokens_per_step`` tokens per request (1 without
+    speculation, the accept length with it), so step_ms(b) = tokens_per_step * 1000 /
+    per-request tok/s measured at concurrency b (levels above the cap run a batch of ``cap``
+    and are skipped). Caps come from /server_info; the rest (prefill cost, cache) from ``base``.
+    """
+    steps = num_steps or base.num_steps
+    tokens_per_step = 1.0
+    fields: dict[str, object] = {}
+    if base.speculative:
+        tokens_per_step = accept_length or (1.0 + base.accept_prob_repetitive * steps)
+        if accept_length:
+            key = "accept_prob_repetitive" if greedy_repetitive else "accept_prob"
+            fields[key] = accept_prob_for(accept_length, steps)
+        fields["num_steps"] = steps
+    table: dict[int, float] = {}
+    for r in sorted(results, key=lambda r: r.concurrency):
+        batch = min(r.concurrency, cap) if cap else r.concurrency
+        if batch in table or math.isnan(r.per_request_tps) or r.per_request_tps <= 0:
+            continue
+        table[batch] = round(tokens_per_step * 1000.0 / r.per_request_tps, 3)
+    if not table:
+        raise ValueError("no usable per-request figure to fit a profile")
+    fields["step_ms"] = tuple(sorted(table.items()))
+    if cap:
+        fields["max_running_requests"] = cap
+        fields["mamba_slots"] = None
+    return replace(base, **fields)

@@ -1,0 +1,160 @@
+"""`mtp-gateway calibrate`: sweep both backends directly and find the crossover.
+
+    mtp-gateway calibrate --mtp http://127.0.0.1:30001 --plain http://127.0.0.1:30002 \\
+        --write config.yaml --profile-out my-profiles.yaml
+
+The rule is in gateway/bench/calibrate.py (find_crossover). --write changes only the values of
+routing.crossover (and routing.hysteresis when it no longer fits) in the file, comments kept.
+The saved profile replays the measured curves in the simulator (`mtp-gateway bench --sim
+--profiles my-profiles.yaml`, `mtp-gateway sim --profiles ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gateway.bench import report
+from gateway.bench.calibrate import (
+    find_crossover,
+    fit_profile,
+    set_routing_values,
+    suggested_hysteresis,
+)
+from gateway.bench.levels import parse_levels, plan_levels
+from gateway.bench.loadgen import Target, _join, run_http_sweep
+from gateway.bench.progress import Progress
+from gateway.bench.workloads import make_workload
+
+CALIBRATE_LEVELS = "1,2,4,8,16,24,32,48,64,128"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--mtp", required=True, help="base URL of the MTP (NEXTN) server")
+    parser.add_argument("--plain", required=True, help="base URL of the plain server")
+    parser.add_argument("--concurrency", default=CALIBRATE_LEVELS, help="levels (default %(default)s)")
+    parser.add_argument("--workload", default="seed", help="seed | chat | agentic | file:PATH.jsonl "
+                        "(default %(default)s; the crossover moves with acceptance, see the README)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--requests-per-level", type=int, metavar="N",
+                      help="requests per level (default: 3 per client)")
+    size.add_argument("--duration", type=float, metavar="S", help="steady method: seconds per level")
+    parser.add_argument("--warmup", type=float, default=0.0, metavar="S")
+    parser.add_argument("--max-tokens", type=int, help="cap every request's output (quick runs)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model")
+    parser.add_argument("--api-key")
+    parser.add_argument("--config", default="config.yaml",
+                        help="config whose routing.hysteresis is the starting point (default %(default)s)")
+    parser.add_argument("--write", metavar="CONFIG", help="update routing.crossover in this file in place")
+    parser.add_argument("--profile-out", metavar="PATH", help="save the measured curves as sim profiles")
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--plot", metavar="PATH")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="simulated servers run at this scale: report simulated seconds "
+                             "(real / scale); default 1.0")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+async def _server_info(url: str, api_key: str | None) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+            async with session.get(_join(url, "/server_info"), headers=headers) as resp:
+                if resp.status == 200:
+                    data = await resp.json()
+                    return data if isinstance(data, dict) else {}
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        pass
+    return {}
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(calibrate(args))
+
+
+async def calibrate(args: argparse.Namespace) -> int:
+    """The whole command in the running event loop (tests run it beside a simulated pair)."""
+    from gateway.config import ConfigError, build_routing, load_settings
+    from gateway.monitor import parse_server_info
+    from gateway.sim.profile import load_profiles, save_profiles
+
+    try:
+        levels = parse_levels(args.concurrency)
+        plans = plan_levels(levels, args.requests_per_level, args.duration,
+                            args.warmup if args.duration else 0.0)
+        make_workload(args.workload, args.seed, args.max_tokens)  # validate early
+    except (ValueError, OSError) as exc:
+        print(f"mtp-gateway calibrate: {exc}", file=sys.stderr)
+        return 2
+    targets = [Target("mtp", args.mtp), Target("plain", args.plain)]
+    infos = {t.name: await _server_info(t.url, args.api_key) for t in targets}
+    caps = {name: parse_server_info(info)[0] if info else None for name, info in infos.items()}
+    progress = Progress(enabled=not args.no_progress)
+    results = await run_http_sweep(
+        targets, lambda: make_workload(args.workload, args.seed, args.max_tokens), plans,
+        model=args.model, api_key=args.api_key, progress=progress,
+        time_scale=args.time_scale)
+    accept = parse_server_info(infos["mtp"])[1] if infos["mtp"] else None
+    after = await _server_info(args.mtp, args.api_key)  # accept length after the sweep
+    accept = (parse_server_info(after)[1] if after else None) or accept
+
+    print(f"## calibrate: {args.workload} workload, mtp {args.mtp} vs plain {args.plain}\n")
+    print(report.markdown_table(results))
+    errors = sum(r.errors for rows in results.values() for r in rows)
+    if errors:
+        print(f"\nwarning: {errors} requests failed; the curves may be wrong", file=sys.stderr)
+    outcome = find_crossover(results["mtp"], results["plain"], caps["mtp"])
+    print("\n" + outcome.explain())
+    if args.json:
+        report.write_json(args.json, results, {
+            "mode": "HTTP calibrate", "workload": args.workload, "time_scale": args.time_scale,
+            "caps": caps, "accept_length": accept,
+            "crossover": outcome.crossover, "uncapped_crossover": outcome.uncapped})
+    if args.plot:
+        report.plot(args.plot, results, f"calibrate: {args.workload} workload")
+    if args.profile_out:
+        base = load_profiles()
+        profiles = {name: fit_profile(base[name], results[name], caps[name],
+                                      accept_length=accept if name == "mtp" else None,
+                                      num_steps=infos["mtp"].get("speculative_num_steps") if name == "mtp"
+                                      else None,
+                                      greedy_repetitive=args.workload == "seed")
+                    for name in ("mtp", "plain")}
+        save_profiles(profiles, args.profile_out, comment=(
+            f"Measured by `mtp-gateway calibrate` ({args.workload} workload) against\n"
+            f"mtp {args.mtp} and plain {args.plain}: step_ms = tokens per step * 1000 /\n"
+            f"per-request tok/s at each concurrency up to the running cap (caps {caps});\n"
+            f"MTP accept length {accept}. Prefill and cache fields are the packaged defaults'."))
+        print(f"\nprofiles written to {args.profile_out}")
+    if outcome.crossover is None:
+        print("\nconfig unchanged: keep MTP at every load (or use policy: mtp-only)")
+        return 0
+    try:
+        current = load_settings(args.write or (args.config if Path(args.config).exists() else None)).routing
+        hysteresis = suggested_hysteresis(outcome.crossover, current.hysteresis)
+        values: dict[str, int] = {"crossover": outcome.crossover}
+        if hysteresis != current.hysteresis:
+            values["hysteresis"] = hysteresis
+        build_routing({**current.model_dump(), **values})  # the new pair must validate
+    except ConfigError as exc:
+        print(f"mtp-gateway calibrate: {exc}", file=sys.stderr)
+        return 2
+    print("\nrouting:\n" + "".join(f"  {k}: {v}\n" for k, v in values.items()), end="")
+    if args.write:
+        path = Path(args.write)
+        try:
+            path.write_text(set_routing_values(path.read_text(encoding="utf-8"), values), encoding="utf-8")
+            load_settings(path)
+        except (OSError, ValueError, ConfigError) as exc:
+            print(f"mtp-gateway calibrate: cannot update {path}: {exc}", file=sys.stderr)
+            return 2
+        print(f"written to {path}")
+    return 0

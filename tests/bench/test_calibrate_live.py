@@ -1,0 +1,41 @@
+"""`calibrate` against the simulated SGLang pair on real sockets (time_scale 0.5, short outputs)."""
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from gateway.bench import calibrate_cli
+from gateway.config import load_settings
+from gateway.sim.server import SimOptions, start_sim_pair
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(60)
+async def test_calibrate_finds_the_crossover_and_writes_it(tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    # Start from a wrong value so the write is visible.
+    config.write_text((ROOT / "config.yaml").read_text().replace("  crossover: 24", "  crossover: 90", 1))
+    assert load_settings(config).routing.crossover == 90
+    profiles = tmp_path / "profiles.yaml"
+    parser = argparse.ArgumentParser()
+    calibrate_cli.add_arguments(parser)
+    async with start_sim_pair(SimOptions(time_scale=0.5)) as pair:
+        args = parser.parse_args([
+            "--mtp", pair.urls["mtp"], "--plain", pair.urls["plain"],
+            "--concurrency", "8,24,48", "--max-tokens", "48", "--time-scale", "0.5",
+            "--write", str(config), "--profile-out", str(profiles), "--no-progress"])
+        assert await calibrate_cli.calibrate(args) == 0
+    out = capsys.readouterr().out
+    crossover = load_settings(config).routing.crossover
+    assert 24 <= crossover <= 64, out
+    assert "aggregate tok/s: equal at C =" in out
+    # Only the value changed: every comment line of the original is still there.
+    original = [ln for ln in (ROOT / "config.yaml").read_text().splitlines() if ln.lstrip().startswith("#")]
+    assert [ln for ln in config.read_text().splitlines() if ln.lstrip().startswith("#")] == original
+    from gateway.sim.profile import load_profiles
+
+    fitted = load_profiles(profiles)
+    assert fitted["mtp"].effective_max_running == 24 and fitted["mtp"].speculative
+    assert fitted["plain"].effective_max_running == 68
