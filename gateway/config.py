@@ -48,10 +48,12 @@ class Backends(_Frozen):
 
 class Routing(_Frozen):
     policy: PolicyName = "crossover"
-    crossover: int = Field(24, ge=1)
+    crossover: int = Field(31, ge=1)
+    adapt_to_accept_length: bool = True
+    reference_accept_length: float = Field(2.0, ge=1.0)
     hysteresis: int = Field(6, ge=0)
     min_dwell_s: float = Field(5.0, ge=0)
-    capacity_guard: bool = True
+    capacity_guard: bool = False
     session_affinity: bool = True
     session_headers: tuple[str, ...] = ("x-session-id", "x-claude-code-session-id", "thread-id")
     max_sessions: int = Field(10000, ge=0)

@@ -13,7 +13,15 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from gateway.config import BACKEND_NAMES, BackendName, Routing
-from gateway.policy import BackendView, Decision, Mode, RequestFacts, Snapshot, decide
+from gateway.policy import (
+    BackendView,
+    Decision,
+    Mode,
+    RequestFacts,
+    Snapshot,
+    decide,
+    effective_crossover,
+)
 
 
 @dataclass
@@ -102,7 +110,13 @@ class Router:
 
     def snapshot(self, now: float) -> Snapshot:
         return Snapshot(self.mode, self.mode_since,
-                        {name: self._view(name, now) for name in BACKEND_NAMES})
+                        {name: self._view(name, now) for name in BACKEND_NAMES},
+                        accept_length=self.health["mtp"].accept_length)
+
+    @property
+    def crossover(self) -> int:
+        """The crossover in force now (adapted to MTP's accept length when configured)."""
+        return effective_crossover(self.routing, self.health["mtp"].accept_length)
 
     def _view(self, name: BackendName, now: float) -> BackendView:
         health = self.health[name]

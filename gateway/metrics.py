@@ -82,7 +82,8 @@ class RouterCollector(Collector):
             mode.add_metric([name], 1.0 if router.mode == name else 0.0)
         yield mode
         for name, help_text, value in (
-            ("gateway_crossover", "Configured crossover concurrency.", router.routing.crossover),
+            ("gateway_crossover", "Crossover concurrency in force (accept-length adapted).",
+             router.crossover),
             ("gateway_hysteresis", "Configured hysteresis.", router.routing.hysteresis),
         ):
             gauge = GaugeMetricFamily(name, help_text)

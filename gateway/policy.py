@@ -56,6 +56,7 @@ class Snapshot:
     mode: Mode
     mode_since: float
     backends: Mapping[BackendName, BackendView]
+    accept_length: float | None = None  # MTP's speculative accept length, when known
 
     @property
     def concurrency(self) -> int:
@@ -80,12 +81,26 @@ def other(backend: BackendName) -> BackendName:
     return "plain" if backend == "mtp" else "mtp"
 
 
+def effective_crossover(routing: Routing, accept_length: float | None) -> int:
+    """The crossover for the acceptance MTP gets now.
+
+    MTP's saturated throughput is proportional to its accept length (tokens per step), while
+    plain's does not depend on it; so the load where plain overtakes MTP moves with it, to first
+    order proportionally. `crossover` was measured at `reference_accept_length` (the seed's
+    repeated-token benchmark accepts every draft: 2.0 with one draft step; ordinary text less).
+    """
+    if not routing.adapt_to_accept_length or not accept_length or accept_length < 1.0:
+        return routing.crossover
+    return max(1, round(routing.crossover * accept_length / routing.reference_accept_length))
+
+
 def next_mode(snapshot: Snapshot, routing: Routing, now: float) -> tuple[Mode, float]:
     """Apply the hysteresis rule to the current concurrency."""
     level = snapshot.concurrency
-    if snapshot.mode == "mtp" and level >= routing.crossover:
+    crossover = effective_crossover(routing, snapshot.accept_length)
+    if snapshot.mode == "mtp" and level >= crossover:
         return "plain", now
-    if snapshot.mode == "plain" and level <= routing.crossover - routing.hysteresis:
+    if snapshot.mode == "plain" and level <= crossover - routing.hysteresis:
         if now - snapshot.mode_since >= routing.min_dwell_s:
             return "mtp", now
     return snapshot.mode, snapshot.mode_since
@@ -95,12 +110,13 @@ def _crossover_choice(
     snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode
 ) -> tuple[BackendName, Reason]:
     level = snapshot.concurrency
-    in_band = routing.crossover - routing.hysteresis < level < routing.crossover
+    crossover = effective_crossover(routing, snapshot.accept_length)
+    in_band = crossover - routing.hysteresis < level < crossover
     if in_band and routing.session_affinity and facts.session_backend is not None:
         return facts.session_backend, "session_affinity"
     if mode == "mtp":
         return "mtp", "below_crossover"
-    if level >= routing.crossover:
+    if level >= crossover:
         return "plain", "above_crossover"
     return "plain", "hysteresis_hold"
 

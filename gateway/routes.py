@@ -51,7 +51,8 @@ def routing_state(runtime: Any, *, with_urls: bool) -> dict[str, Any]:
     return {
         "ttft": ttft,
         "mode": r.mode, "mode_for_s": round(time.monotonic() - r.mode_since, 3),
-        "concurrency": r.concurrency, "routing": r.routing.model_dump(mode="json"),
+        "concurrency": r.concurrency, "crossover": r.crossover,
+        "routing": r.routing.model_dump(mode="json"),
         "backends": backends, "sessions": len(r.sessions),
     }
 

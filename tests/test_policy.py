@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import Routing
-from gateway.policy import BackendView, RequestFacts, Snapshot, decide
+from gateway.policy import BackendView, RequestFacts, Snapshot, decide, effective_crossover
 
-ROUTING = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0)
+ROUTING = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0, capacity_guard=True)
 
 
 def snap(mode: str = "mtp", since: float = 0.0, mtp: int = 0, plain: int = 0, *,
@@ -92,6 +92,23 @@ def test_static_policy_still_fails_over() -> None:
 def test_capacity_guard_can_be_turned_off() -> None:
     routing = Routing(crossover=24, hysteresis=6, capacity_guard=False)
     assert decide(snap(mtp=8, cap=8), RequestFacts(), routing, 10).backend == "mtp"
+
+
+@pytest.mark.parametrize(("accept_length", "adapt", "expected"), [
+    (None, True, 31), (2.0, True, 31), (1.7, True, 26), (1.0, True, 16), (3.0, True, 46),
+    (1.7, False, 31), (0.0, True, 31),
+])
+def test_crossover_follows_the_accept_length(accept_length, adapt, expected) -> None:
+    routing = Routing(crossover=31, reference_accept_length=2.0, adapt_to_accept_length=adapt)
+    assert effective_crossover(routing, accept_length) == expected
+
+
+def test_lower_acceptance_flips_to_plain_sooner() -> None:
+    routing = Routing(crossover=31, hysteresis=6, reference_accept_length=2.0)
+    at_26 = snap(mtp=26, cap=24)
+    assert decide(at_26, RequestFacts(), routing, 10).backend == "mtp"
+    seen_text = Snapshot(at_26.mode, at_26.mode_since, at_26.backends, accept_length=1.7)
+    assert decide(seen_text, RequestFacts(), routing, 10).reason == "above_crossover"
 
 
 def test_every_reason_is_covered_by_the_table() -> None:
