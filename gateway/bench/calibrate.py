@@ -4,8 +4,8 @@ and turn the curves into a simulator profile.
 The crossover rule (``find_crossover``)
 ---------------------------------------
 Inputs: per measured concurrency C, each backend's aggregate tok/s and its user-visible
-per-request tok/s (``tokens / e2e``, queueing included: above MTP's running cap its requests
-wait for a slot, and their fast decode is not what their users get).
+per-request tok/s (output tokens / summed e2e, queueing included: above MTP's running cap its
+requests wait for a slot, and their fast decode is not what their users get).
 
 1. For each of the two figures take the difference d(C) = MTP - plain. Its *crossing* is the
    lowest measured level C_hi with d <= 0 there and at every higher level (one noisy level
@@ -17,11 +17,14 @@ wait for a slot, and their fast decode is not what their users get).
 3. ``routing.crossover`` is compared with live concurrency *not counting the new request*:
    with crossover X, X closed-loop clients stay on MTP and the (X+1)-th request goes to plain.
    So the value is floor(C*): the last concurrency at which MTP is still at least as good.
-4. It is capped at MTP's effective running cap (``/server_info``) when known: above the cap a
-   gateway with the capacity guard sends the overflow to plain while MTP is still busy, and the
-   two servers then time-slice one GPU, slower than plain alone (virtual time, seed workload,
-   crossover 32 with the guard: 0.79 x plain-only at C=32). The uncapped crossing is reported
-   too; it only pays with ``capacity_guard: false`` (MTP then queues past its cap).
+4. Only when the config has ``capacity_guard: true`` is it capped at MTP's effective running
+   cap (``/server_info``): above the cap the guard sends the overflow to plain while MTP is
+   still busy, and the two servers then time-slice one GPU, slower than plain alone (virtual
+   time, seed workload, crossover 32 with the guard: 0.79 x plain-only at C=32). Without the
+   guard MTP queues past its cap, which pays up to the crossing.
+5. The accept length MTP reported during the sweep (``/server_info``) is written as
+   ``reference_accept_length`` when the config has that key: the gateway scales the crossover
+   by live accept length / reference.
 
 Hysteresis: kept unless it no longer fits under the new crossover (it must be smaller, and a
 band wider than half the crossover would hold plain mode at loads where MTP is clearly better);

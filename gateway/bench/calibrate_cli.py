@@ -111,7 +111,13 @@ async def calibrate(args: argparse.Namespace) -> int:
     errors = sum(r.errors for rows in results.values() for r in rows)
     if errors:
         print(f"\nwarning: {errors} requests failed; the curves may be wrong", file=sys.stderr)
-    outcome = find_crossover(results["mtp"], results["plain"], caps["mtp"])
+    try:
+        current = load_settings(args.write or (args.config if Path(args.config).exists() else None)).routing
+    except ConfigError as exc:
+        print(f"mtp-gateway calibrate: {exc}", file=sys.stderr)
+        return 2
+    guard = getattr(current, "capacity_guard", True)
+    outcome = find_crossover(results["mtp"], results["plain"], caps["mtp"] if guard else None)
     print("\n" + outcome.explain())
     if args.json:
         report.write_json(args.json, results, {
@@ -138,11 +144,12 @@ async def calibrate(args: argparse.Namespace) -> int:
         print("\nconfig unchanged: keep MTP at every load (or use policy: mtp-only)")
         return 0
     try:
-        current = load_settings(args.write or (args.config if Path(args.config).exists() else None)).routing
         hysteresis = suggested_hysteresis(outcome.crossover, current.hysteresis)
-        values: dict[str, int] = {"crossover": outcome.crossover}
+        values: dict[str, int | float] = {"crossover": outcome.crossover}
         if hysteresis != current.hysteresis:
             values["hysteresis"] = hysteresis
+        if accept and hasattr(current, "reference_accept_length"):
+            values["reference_accept_length"] = round(accept, 2)
         build_routing({**current.model_dump(), **values})  # the new pair must validate
     except ConfigError as exc:
         print(f"mtp-gateway calibrate: {exc}", file=sys.stderr)

@@ -11,8 +11,8 @@ Definitions (the same for HTTP and virtual time, and the same as the seed's benc
   *steady*: output tokens emitted inside a window [warm-up end, level end] / window length,
   while every client slot is kept busy (the drain after the window is not counted); the
   other figures then cover the requests that started inside the window;
-- user-visible per-request tok/s: mean of ``completion_tokens / e2e`` (queueing included; a
-  request that waited for a slot decodes fast but its user still waited);
+- user-visible per-request tok/s: all output tokens / the sum of the requests' e2e times
+  (queueing included: a request that waited for a slot decodes fast, but its user waited);
 - TTFT, e2e: per request; ITL: the gaps between consecutive content chunks of a stream (an MTP
   chunk carries several tokens, so its gaps are longer while its tokens come faster);
 - p50/p99: linear interpolation between closest ranks (numpy's default).
@@ -110,9 +110,8 @@ def summarise(target: str, concurrency: int, records: Sequence[RequestRecord],
     speeds = [s for r in ok if (s := r.decode_tps) is not None]
     ttfts = [t for r in ok if (t := r.ttft) is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
-    users = [r.tokens / r.e2e for r in ok if r.e2e]
     gaps = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
-    tokens = sum(r.tokens for r in ok)
+    tokens = tokens_ok = sum(r.tokens for r in ok)
     if window is not None:
         tokens, wall_s = in_window, window[1] - window[0]
     backends = Counter(r.backend or "?" for r in ok)
@@ -123,7 +122,7 @@ def summarise(target: str, concurrency: int, records: Sequence[RequestRecord],
         errors=len(records) - len(ok),
         per_request_tps=statistics.fmean(speeds) if speeds else math.nan,
         aggregate_tps=tokens / wall_s if wall_s > 0 else math.nan,
-        user_tps=statistics.fmean(users) if users else math.nan,
+        user_tps=tokens_ok / sum(e2es) if e2es and sum(e2es) > 0 else math.nan,
         output_tokens=tokens,
         wall_s=wall_s,
         ttft_p50_s=percentile(ttfts, 50),

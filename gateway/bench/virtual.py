@@ -3,7 +3,10 @@
 A *virtual gateway* routes every request with the real :class:`gateway.load.Router` (and so the
 real :func:`gateway.policy.decide`), with ``now`` = virtual time, the effective caps the monitor
 would read from ``/server_info`` (the profiles' ``effective_max_running``), session affinity
-remembered when a request ends (as the relay does), and submits to a
+remembered when a request ends (as the relay does), MTP's accept length as the monitor reads
+it from ``/server_info`` (SGLang's cumulative ``avg_spec_accept_length``, refreshed every
+``ACCEPT_REFRESH_S`` of virtual time, so an acceptance-aware policy sees what it would see
+live), and submits to a
 :class:`gateway.sim.virtual.VirtualSim` whose two backends share one device. The static
 baselines go through the same router with ``policy: mtp-only`` / ``plain-only``.
 
@@ -27,6 +30,8 @@ from gateway.sim.profile import Profile
 from gateway.sim.virtual import VirtualSim
 
 POLICIES = ("crossover", "mtp-only", "plain-only")
+# The monitor polls every monitor.interval_s (1 s) and reads /server_info every few rounds.
+ACCEPT_REFRESH_S = 5.0
 TARGET_NAMES = {"crossover": "gateway", "mtp-only": "mtp-only", "plain-only": "plain-only"}
 
 
@@ -47,6 +52,15 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
     records: list[RequestRecord] = []
     rids = itertools.count()
     counters = {"started": 0, "scripts": 0}
+    refreshed = [-ACCEPT_REFRESH_S]
+
+    def monitor() -> None:
+        if sim.now - refreshed[0] < ACCEPT_REFRESH_S:
+            return
+        refreshed[0] = sim.now
+        for name, engine in sim.engines.items():
+            if name in router.health and engine.profile.speculative:
+                router.health[name].accept_length = engine.stats.avg_spec_accept_length or None
 
     def next_script() -> None:
         if not plan.budget_left(counters["started"], sim.now):
@@ -81,6 +95,7 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
     def send(job: Job, done: Callable[[Outcome], None]) -> None:
         record = RequestRecord(start=sim.now)
         records.append(record)
+        monitor()
         admitted = router.admit(RequestFacts(session_backend=router.sessions.get(job.session)),
                                 now=sim.now)
         if not isinstance(admitted, Lease):

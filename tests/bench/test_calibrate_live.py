@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from gateway.bench import calibrate_cli
+from gateway.bench.calibrate import set_routing_values
 from gateway.config import load_settings
 from gateway.sim.server import SimOptions, start_sim_pair
 
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 async def test_calibrate_finds_the_crossover_and_writes_it(tmp_path, capsys):
     config = tmp_path / "config.yaml"
     # Start from a wrong value so the write is visible.
-    config.write_text((ROOT / "config.yaml").read_text().replace("  crossover: 24", "  crossover: 90", 1))
+    config.write_text(set_routing_values((ROOT / "config.yaml").read_text(), {"crossover": 90}))
     assert load_settings(config).routing.crossover == 90
     profiles = tmp_path / "profiles.yaml"
     parser = argparse.ArgumentParser()
@@ -24,12 +25,17 @@ async def test_calibrate_finds_the_crossover_and_writes_it(tmp_path, capsys):
     async with start_sim_pair(SimOptions(time_scale=0.5)) as pair:
         args = parser.parse_args([
             "--mtp", pair.urls["mtp"], "--plain", pair.urls["plain"],
-            "--concurrency", "8,24,48", "--max-tokens", "48", "--time-scale", "0.5",
+            "--concurrency", "8,24,32,48", "--max-tokens", "48", "--time-scale", "0.5",
             "--write", str(config), "--profile-out", str(profiles), "--no-progress"])
         assert await calibrate_cli.calibrate(args) == 0
     out = capsys.readouterr().out
     crossover = load_settings(config).routing.crossover
     assert 24 <= crossover <= 64, out
+    routing = load_settings(config).routing
+    if getattr(routing, "capacity_guard", True):
+        assert crossover == 24  # capped at MTP's running cap
+    else:
+        assert crossover > 24, out  # MTP queues past its cap while that still pays
     assert "aggregate tok/s: equal at C =" in out
     # Only the value changed: every comment line of the original is still there.
     original = [ln for ln in (ROOT / "config.yaml").read_text().splitlines() if ln.lstrip().startswith("#")]

@@ -17,12 +17,11 @@ from gateway.sim.profile import load_profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 LEVELS = [1, 2, 4, 8, 16, 24, 26, 28, 30, 32, 48, 64, 128]
-# Between MTP's running cap (24) and the seed's aggregate crossing (~31) the default crossover
-# (24) sends load to plain, which there is only 86 % (C=26) and 92 % (C=28) of MTP-at-its-cap
-# on the seed workload (100 % acceptance). The chat workload (acceptance 0.7) crosses at ~25,
-# so no single static crossover serves both: see docs/bench/README.md. Strict xfail: it starts
-# failing as soon as the policy (an acceptance-aware crossover) fixes it.
-KNOWN_SHORTFALL = {("seed", 26), ("seed", 28)}
+# 26..30 lie between MTP's running cap (24) and the seed's aggregate crossing (~31); the chat
+# workload (acceptance 0.7) crosses near 25. A static crossover of 24 with the capacity guard
+# reached only 86 % (C=26) and 92 % (C=28) on the seed; the acceptance-scaled crossover
+# without the guard passes both. Known shortfalls would go here as strict xfails.
+KNOWN_SHORTFALL: set[tuple[str, int]] = set()
 PLANS = plan_levels(LEVELS, duration_s=150.0, warmup_s=50.0)
 
 
