@@ -40,14 +40,21 @@ class CircuitBreaker:
     def success(self, backend: BackendName) -> None:
         self.failures[backend] = 0
         self.router.health[backend].circuit_open = False
+        self._cancel_timer(backend)  # else it would cut a later opening short
 
     def failure(self, backend: BackendName) -> None:
         self.failures[backend] += 1
         if self.failures[backend] >= self.failures_to_open and not self._is_open(backend):
             log.warning("circuit for %s opened after %d failures", backend, self.failures[backend])
             self.router.health[backend].circuit_open = True
+            self._cancel_timer(backend)
             loop = asyncio.get_running_loop()
             self._timers[backend] = loop.call_later(self.open_s, self._half_open, backend)
+
+    def _cancel_timer(self, backend: BackendName) -> None:
+        timer = self._timers.pop(backend, None)
+        if timer is not None:
+            timer.cancel()
 
     def _is_open(self, backend: BackendName) -> bool:
         return self.router.health[backend].circuit_open
@@ -114,7 +121,10 @@ class Monitor:
 
     async def run(self) -> None:
         while True:
-            await self.probe_all()
+            try:
+                await self.probe_all()
+            except Exception:  # a bug in one round must not end health checking for good
+                log.exception("probe round failed")
             await asyncio.sleep(self.settings.monitor.interval_s)
 
     async def probe_all(self) -> None:
@@ -136,10 +146,14 @@ class Monitor:
                 self.models[name] = parse_models(models)
                 if isinstance(models, dict) and self.models[name]:
                     self.model_payload = models
+            running_waiting = parse_loads(loads)
         except GatewayError as exc:
             self._probe_failed(name, exc.message)
             return
-        running_waiting = parse_loads(loads)
+        except (ValueError, TypeError, ArithmeticError) as exc:
+            # A 200 that is not what SGLang sends: not JSON, not UTF-8, a count that is no number.
+            self._probe_failed(name, f"unexpected answer ({type(exc).__name__})")
+            return
         if running_waiting is not None:
             health.reported_running, health.reported_waiting = running_waiting
             health.reported_at = time.monotonic()

@@ -1,0 +1,444 @@
+"""Backend faults, timeouts, the circuit breaker and admission, against the simulator's faults.
+
+Every stream must end with either the full answer or exactly one SSE error event followed by
+`[DONE]`, within its timeout; the in-flight count must return to 0; a request fails over to the
+other backend only before its first byte. Complements tests/test_gateway_live.py (single crash,
+5xx retry, refused connect retry, first-byte 504, keep-alive), which is not repeated here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.config import Routing
+from gateway.load import Router
+from gateway.monitor import CircuitBreaker
+from gateway.sim.faults import Faults
+from gateway.sim.server import SimOptions, start_sim_pair
+from tests.conftest import LiveGateway, live_gateway
+from tests.live import serve_app, wait_until
+from tests.test_gateway_live import OpenStream, chat, settled, sse_events, text_of
+
+URL = "/v1/chat/completions"
+LONG = {"max_tokens": 100000, "ignore_eos": True, "stream": True}
+
+
+def ending(raw: bytes) -> dict[str, Any] | None:
+    """None for a full answer; the error object for a stream that ended with an error event.
+
+    Either way the stream ends with exactly one `[DONE]`, and every event is whole JSON."""
+    events = sse_events(raw)
+    assert events and events[-1] == "[DONE]", raw[-300:]
+    assert events.count("[DONE]") == 1, raw[-300:]
+    payloads = [json.loads(event) for event in events[:-1]]
+    errors = [p for p in payloads if "error" in p]
+    if not errors:
+        assert payloads[-1]["choices"][0]["finish_reason"] in ("stop", "length"), payloads[-1]
+        return None
+    assert len(errors) == 1 and "error" in payloads[-1], "the error event must be the last one"
+    error = payloads[-1]["error"]
+    assert {"message", "type", "code"} <= set(error), error
+    return error
+
+
+async def stream(client: httpx.AsyncClient, gateway: LiveGateway, body: dict[str, Any]
+                 ) -> tuple[httpx.Response, bytes, float]:
+    started = time.monotonic()
+    async with client.stream("POST", gateway.url + URL, json=body) as response:
+        raw = b"".join([chunk async for chunk in response.aiter_raw()])
+    return response, raw, time.monotonic() - started
+
+
+async def idle_engines(pair: Any) -> None:
+    """The backends run nothing any more: what the gateway gave up on was aborted upstream."""
+    await wait_until(lambda: all(s.live.engine.num_running == 0 and s.live.engine.num_waiting == 0
+                                 for s in pair.servers.values()), timeout=5)
+
+
+class FakeBackend:
+    """A scripted SGLang stand-in on a real socket: records what it receives, answers what
+    the test tells it to (the simulator cannot show received headers or serve garbage)."""
+
+    MODEL = "Qwen/Qwen3.5-122B-A10B"
+
+    def __init__(self) -> None:
+        self.loads: object = {"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]}
+        self.received: list[tuple[str, list[tuple[str, str]], bytes]] = []
+        self.response_headers: dict[str, str] = {}
+        routes = [
+            Route("/v1/loads", self._loads), Route("/server_info", self._server_info),
+            Route("/v1/models", self._models),
+            Route("/v1/chat/completions", self._generate, methods=["POST"]),
+            Route("/abort_request", self._record, methods=["POST"]),
+        ]
+        self.app = Starlette(routes=routes)
+
+    async def _loads(self, request: Request) -> Response:
+        if isinstance(self.loads, bytes):
+            return Response(self.loads, media_type="text/html")
+        return JSONResponse(self.loads)
+
+    async def _server_info(self, request: Request) -> Response:
+        return JSONResponse({"max_running_requests": 48})
+
+    async def _models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": self.MODEL, "object": "model"}]})
+
+    async def _record(self, request: Request) -> Response:
+        body = await request.body()
+        self.received.append((request.url.path, request.headers.items(), body))
+        return Response(status_code=200)
+
+    async def _generate(self, request: Request) -> Response:
+        await self._record(request)
+        body = json.loads(self.received[-1][2])
+        done = {"id": "fake", "object": "chat.completion.chunk", "model": self.MODEL,
+                "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}
+        if body.get("stream"):
+            async def events() -> Any:
+                yield b"data: " + json.dumps(done).encode() + b"\n\n"
+                yield b"data: [DONE]\n\n"
+            return StreamingResponse(events(), media_type="text/event-stream",
+                                     headers=self.response_headers)
+        whole = {"id": "fake", "object": "chat.completion", "model": self.MODEL, "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+        return JSONResponse(whole, headers=self.response_headers)
+
+
+# --- failures before and after the first byte ------------------------------------------------
+
+@pytest.mark.timeout(30)
+async def test_stream_broken_before_its_first_byte_fails_over_with_the_full_answer(sim) -> None:
+    """The backend sends 200 and drops the connection before any event: retried on plain."""
+    await sim.servers["mtp"].set_faults(Faults(crash_after_chunks=0))
+    async with live_gateway(sim, monitor={"circuit_failures": 100}) as gateway, \
+            httpx.AsyncClient() as client:
+        reference = await client.post(sim.urls["plain"] + URL, json=chat(max_tokens=30, stream=True))
+        results = await asyncio.gather(
+            *(stream(client, gateway, chat(max_tokens=30, stream=True)) for _ in range(6)))
+        for response, raw, _ in results:
+            assert response.status_code == 200
+            assert (response.headers["x-gateway-backend"], response.headers["x-gateway-route-reason"]
+                    ) == ("plain", "failover")
+            assert ending(raw) is None and text_of(raw) == text_of(reference.content)
+        await settled(gateway, 0)
+        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+        metrics = (await client.get(gateway.url + "/metrics")).text
+        assert 'gateway_retries_total{from_backend="mtp",to_backend="plain"} 6.0' in metrics
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("fault", [Faults(crash_after_chunks=3), Faults(error_after_chunks=3)],
+                         ids=["crash", "sglang_error_event"])
+async def test_every_concurrent_stream_broken_mid_way_ends_with_one_error_then_done(
+        sim, fault: Faults) -> None:
+    await sim.servers["mtp"].set_faults(fault)
+    async with live_gateway(sim, monitor={"circuit_failures": 100}) as gateway, \
+            httpx.AsyncClient() as client:
+        results = await asyncio.gather(
+            *(stream(client, gateway, chat(max_tokens=50, stream=True)) for _ in range(8)))
+        for response, raw, _ in results:
+            assert response.status_code == 200 and response.headers["x-gateway-backend"] == "mtp"
+            assert ending(raw) is not None  # bytes went out: no retry, an error event instead
+        await settled(gateway, 0)
+        await idle_engines(sim)
+
+
+# --- timeouts ----------------------------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+async def test_hang_before_first_byte_behind_keepalives_ends_with_an_error_event(sim) -> None:
+    """Keep-alives committed the 200: the first-byte timeout must end the stream in-band."""
+    await sim.servers["mtp"].set_faults(Faults(hang_before_first_byte=True))
+    timeouts = {"keepalive_s": 0.05, "first_byte_s": 0.5}
+    async with live_gateway(sim, timeouts=timeouts) as gateway, httpx.AsyncClient() as client:
+        response, raw, took = await stream(client, gateway, chat(stream=True))
+        assert response.status_code == 200 and raw.startswith(b": keep-alive\n\n")
+        error = ending(raw)
+        assert error is not None and error["code"] == "upstream_timeout", error
+        assert "first byte" in error["message"]
+        assert 0.5 <= took < 1.5
+        await settled(gateway, 0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("keepalive_s", [0.0, 0.05], ids=["no_keepalive", "with_keepalive"])
+async def test_idle_timeout_mid_stream_ends_with_an_error_event(keepalive_s: float) -> None:
+    """The backend stalls after its first chunks. Keep-alive comments keep the CLIENT's
+    proxies from timing out; they must not reset the gateway's own idle deadline on the
+    silent BACKEND, or a stalled stream would hang until `total_s`."""
+    options = SimOptions(time_scale=0.02, shared_device=False)  # mtp's stall must not block plain
+    timeouts = {"keepalive_s": keepalive_s, "idle_s": 0.4, "total_s": 4.0}
+    async with start_sim_pair(options) as pair, live_gateway(pair, timeouts=timeouts) as gateway, \
+            httpx.AsyncClient() as client:
+        opened = await OpenStream(client, gateway.url + URL, chat(**LONG)).open()
+        stalled_at = time.monotonic()
+        await pair.servers["mtp"].set_faults(Faults(slow_factor=1e6))
+        rest = b"".join([chunk async for chunk in opened.chunks])
+        took = time.monotonic() - stalled_at
+        await opened.close()
+        error = ending(opened.first + rest)
+        assert error is not None and error["code"] == "upstream_timeout"
+        assert "timeout idle" in error["message"], error["message"]
+        assert took < 0.4 + 1.0, f"stalled stream ended after {took:.2f} s"
+        await settled(gateway, 0)
+        # The gateway aborted the request (SGLang's /abort_request), freeing the slot upstream.
+        await wait_until(lambda: opened.rid not in pair.servers["mtp"].live.engine, timeout=3)
+
+
+@pytest.mark.timeout(30)
+async def test_keepalive_comments_during_a_mid_stream_stall_then_the_full_answer() -> None:
+    """Silence after the first token (a long tool-call argument, a stalled step) gets keep-alive
+    comments too, not only the wait for the first token; the stream then finishes normally."""
+    options = SimOptions(time_scale=0.02, shared_device=False)
+    async with start_sim_pair(options) as pair, \
+            live_gateway(pair, timeouts={"keepalive_s": 0.1}) as gateway, \
+            httpx.AsyncClient() as client:
+        body = chat(max_tokens=40, stream=True)
+        _, reference, _ = await stream(client, gateway, body)
+        mtp = pair.servers["mtp"]
+        await mtp.set_faults(Faults(slow_factor=20))  # slow enough to catch it mid-stream
+        opened = await OpenStream(client, gateway.url + URL, body).open()
+        await mtp.set_faults(Faults(slow_factor=500))  # the next step takes ~0.3 s
+        rest = b""
+        async for chunk in opened.chunks:
+            rest += chunk
+            if b": keep-alive" in chunk:
+                await mtp.clear_faults()
+                break
+        rest += b"".join([chunk async for chunk in opened.chunks])
+        await opened.close()
+        assert b": keep-alive\n\n" in rest
+        raw = opened.first + rest
+        assert ending(raw) is None and text_of(raw) == text_of(reference)
+        await settled(gateway, 0)
+
+
+@pytest.mark.timeout(30)
+async def test_total_timeout_ends_a_long_stream_and_aborts_it_upstream(sim) -> None:
+    async with live_gateway(sim, timeouts={"total_s": 0.6}) as gateway, \
+            httpx.AsyncClient() as client:
+        response, raw, took = await stream(client, gateway, chat(**LONG))
+        assert response.status_code == 200 and text_of(raw)  # it was streaming ...
+        error = ending(raw)  # ... and was cut at the deadline
+        assert error is not None and "timeout total" in error["message"]
+        assert 0.6 <= took < 1.6
+        await settled(gateway, 0)
+        await idle_engines(sim)
+
+
+@pytest.mark.timeout(30)
+async def test_slow_backend_completes_when_every_gap_is_within_the_idle_budget() -> None:
+    options = SimOptions(time_scale=0.02, shared_device=False)
+    async with start_sim_pair(options) as pair, \
+            live_gateway(pair, timeouts={"idle_s": 0.25}) as gateway, \
+            httpx.AsyncClient() as client:
+        body = chat(max_tokens=60, stream=True)
+        _, fast, fast_s = await stream(client, gateway, body)
+        await pair.servers["mtp"].set_faults(Faults(slow_factor=40))
+        response, slow, slow_s = await stream(client, gateway, body)
+        assert response.headers["x-gateway-backend"] == "mtp"
+        assert ending(slow) is None and text_of(slow) == text_of(fast)
+        # Slower than the idle budget overall, yet no single gap exceeded it.
+        assert slow_s > 0.25 and slow_s > 3 * fast_s, (fast_s, slow_s)
+        await settled(gateway, 0)
+
+
+# --- connection refused, backend crash and restart -------------------------------------------
+
+@pytest.mark.timeout(30)
+async def test_both_backends_refusing_gives_a_clean_openai_shaped_502(sim) -> None:
+    for server in sim.servers.values():
+        await server.set_faults(Faults(refuse_connections=True))
+    async with live_gateway(sim, monitor={"interval_s": 60}) as gateway, \
+            httpx.AsyncClient() as client:
+        for backend in ("mtp", "plain"):  # the monitor has not noticed yet
+            gateway.router.health[backend].up = True
+        for body in (chat(stream=True), chat()):
+            response = await client.post(gateway.url + URL, json=body)
+            assert response.status_code == 502
+            assert response.json()["error"]["code"] == "upstream_connect_error"
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+
+
+@pytest.mark.timeout(30)
+async def test_backend_crash_and_restart_down_after_fall_up_after_rise(sim) -> None:
+    """Probes are driven by hand (the monitor's own interval is 60 s) so every count is exact."""
+    monitor = {"interval_s": 60, "fall": 2, "rise": 3}
+    async with live_gateway(sim, monitor=monitor) as gateway, \
+            httpx.AsyncClient(timeout=10) as client:
+        health, probe = gateway.router.health["mtp"], gateway.runtime.monitor.probe_all
+        streams = [await OpenStream(client, gateway.url + URL, chat(**LONG)).open() for _ in range(3)]
+        assert {s.backend for s in streams} == {"mtp"}
+        await sim.servers["mtp"].set_faults(Faults(refuse_connections=True))  # the process dies
+        for opened in streams:  # its open streams end in-band
+            raw = opened.first + b"".join([chunk async for chunk in opened.chunks])
+            assert ending(raw) is not None
+            await opened.close()
+        await probe()
+        assert health.up, "one failed probe is not `fall` failed probes"
+        await probe()
+        assert not health.up
+        during = await client.post(gateway.url + URL, json=chat())
+        assert during.status_code == 200 and during.headers["x-gateway-backend"] == "plain"
+
+        await sim.servers["mtp"].clear_faults()  # restarted on the same port
+        for _ in range(2):
+            await probe()
+            assert not health.up, "up before `rise` good probes"
+        await probe()
+        assert health.up
+        after = await client.post(gateway.url + URL, json=chat(stream=True))
+        assert after.status_code == 200 and after.headers["x-gateway-backend"] == "mtp"
+        assert ending(after.content) is None
+        await settled(gateway, 0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("garbage", [b"<html>502 Bad Gateway</html>", b"\xff\xfe{",
+                                     {"loads": [{"num_running_reqs": "many"}]},
+                                     {"loads": [{"num_running_reqs": None}]}],
+                         ids=["html", "not_utf8", "string_count", "null_count"])
+async def test_a_backend_answering_garbage_probes_is_marked_down_and_probing_goes_on(
+        sim, garbage: object) -> None:
+    """A 200 whose body is not what SGLang sends (a proxy's HTML page, a half-started server)
+    is a failed probe: it must not end the monitor, which would then never mark anything
+    down or up again."""
+    fake = FakeBackend()
+    async with serve_app(fake.app) as fake_url:
+        backends = {"mtp": {"url": fake_url}, "plain": {"url": sim.urls["plain"]}}
+        async with live_gateway(None, backends=backends,
+                                monitor={"interval_s": 0.02, "fall": 2, "rise": 2}) as gateway:
+            health = gateway.router.health["mtp"]
+            await wait_until(lambda: gateway.runtime.monitor.streaks["mtp"].good >= 1)
+            fake.loads = garbage
+            await wait_until(lambda: not health.up, timeout=3)
+            fake.loads = {"loads": [{"num_running_reqs": 3, "num_waiting_reqs": 1}]}
+            await wait_until(lambda: health.up, timeout=3)
+            assert (health.reported_running, health.reported_waiting) == (3, 1)
+
+
+# --- the circuit breaker ---------------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+async def test_circuit_opens_after_consecutive_failures_and_a_half_open_trial_closes_it(sim) -> None:
+    open_s = 0.5
+    await sim.servers["mtp"].set_faults(Faults(fail_status=500))  # a 5xx burst, until cleared
+    monitor = {"circuit_failures": 3, "circuit_open_s": open_s}
+    async with live_gateway(sim, monitor=monitor) as gateway, httpx.AsyncClient() as client:
+        health = gateway.router.health["mtp"]
+
+        async def one(stream: bool = False) -> httpx.Response:
+            response = await client.post(gateway.url + URL, json=chat(max_tokens=4, stream=stream))
+            assert response.status_code == 200
+            return response
+
+        async def mtp_failures() -> float:
+            text = (await client.get(gateway.url + "/metrics")).text
+            line = 'gateway_upstream_errors_total{backend="mtp",kind="status_5xx"} '
+            return float(text.split(line)[1].split()[0]) if line in text else 0.0
+
+        for i in range(3):
+            assert not health.circuit_open, f"opened after {i} failures"
+            response = await one(stream=i % 2 == 1)
+            assert response.headers["x-gateway-route-reason"] == "failover"
+        assert health.circuit_open
+        opened_at = time.monotonic()
+        assert 'gateway_circuit_open{backend="mtp"} 1.0' in (await client.get(gateway.url + "/metrics")).text
+
+        for _ in range(4):  # open: requests avoid mtp entirely, no failed attempt first
+            assert (await one()).headers["x-gateway-backend"] == "plain"
+        assert await mtp_failures() == 3
+
+        await wait_until(lambda: not health.circuit_open, timeout=5)  # half-open
+        assert time.monotonic() - opened_at >= open_s * 0.9
+        trial = await one()  # the trial fails: open again at once, not after 3 more failures
+        assert trial.headers["x-gateway-route-reason"] == "failover"
+        assert health.circuit_open and await mtp_failures() == 4
+
+        await sim.servers["mtp"].clear_faults()  # the backend recovered
+        await wait_until(lambda: not health.circuit_open, timeout=5)
+        trial = await one(stream=True)
+        assert trial.headers["x-gateway-backend"] == "mtp"
+        assert not health.circuit_open and gateway.runtime.breaker.failures["mtp"] == 0
+        for _ in range(3):
+            assert (await one()).headers["x-gateway-backend"] == "mtp"
+        await settled(gateway, 0)
+
+
+@pytest.mark.timeout(10)
+async def test_a_success_cancels_the_pending_half_open_of_an_earlier_opening() -> None:
+    """Open, closed by a success (a request admitted earlier got its first byte), open again:
+    the second opening must last its full `open_s`, not end at the first one's timer."""
+    open_s = 0.4
+    router = Router(Routing())
+    breaker = CircuitBreaker(router, failures_to_open=2, open_s=open_s)
+    health = router.health["mtp"]
+    loop = asyncio.get_running_loop()
+    try:
+        breaker.failure("mtp")
+        breaker.failure("mtp")
+        assert health.circuit_open
+        breaker.success("mtp")
+        assert not health.circuit_open
+        first_opened = loop.time()
+        await wait_until(lambda: loop.time() >= first_opened + open_s / 2)  # time passes
+        breaker.failure("mtp")
+        breaker.failure("mtp")
+        reopened = loop.time()
+        assert health.circuit_open
+        await wait_until(lambda: not health.circuit_open, timeout=open_s * 3)
+        assert loop.time() - reopened >= open_s * 0.95, "half-opened by the earlier timer"
+    finally:
+        breaker.close()
+
+
+# --- admission and bounded state ---------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+async def test_over_max_inflight_gets_429_with_retry_after_and_recovers(sim) -> None:
+    async with live_gateway(sim, limits={"max_inflight": 3}) as gateway, \
+            httpx.AsyncClient(limits=httpx.Limits(max_connections=50)) as client:
+        held = [await OpenStream(client, gateway.url + URL, chat(**LONG)).open() for _ in range(3)]
+        refused = await asyncio.gather(
+            *(client.post(gateway.url + URL, json=chat(stream=i % 2 == 0)) for i in range(20)))
+        for response in refused:
+            assert response.status_code == 429
+            assert int(response.headers["retry-after"]) >= 1
+            assert response.json() == {"error": {
+                "message": response.json()["error"]["message"], "type": "rate_limit_error",
+                "param": None, "code": "gateway_overloaded"}}
+        assert gateway.router.concurrency == 3  # a refusal never holds a slot
+        metrics = (await client.get(gateway.url + "/metrics")).text
+        assert 'gateway_rejected_total{reason="gateway_overloaded"} 20.0' in metrics
+        await asyncio.gather(*(s.close() for s in held))
+        await settled(gateway, 0)
+        assert (await client.post(gateway.url + URL, json=chat())).status_code == 200
+
+
+@pytest.mark.timeout(30)
+async def test_state_kept_per_client_stays_bounded(sim) -> None:
+    """Session ids are client-chosen: the map is capped. Upstream aborts do not pile up."""
+    async with live_gateway(sim, routing={"max_sessions": 5}) as gateway, \
+            httpx.AsyncClient() as client:
+        for i in range(20):
+            response = await client.post(gateway.url + URL, json=chat(max_tokens=1),
+                                         headers={"x-session-id": f"session-{i}"})
+            assert response.status_code == 200
+        assert len(gateway.router.sessions) == 5
+        streams = [await OpenStream(client, gateway.url + URL, chat(**LONG)).open() for _ in range(8)]
+        await asyncio.gather(*(s.close() for s in streams))  # eight disconnects, eight aborts
+        await settled(gateway, 0)
+        await wait_until(lambda: not gateway.runtime.proxy.background, timeout=5)
+        await idle_engines(sim)
