@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
@@ -37,16 +39,35 @@ def uvicorn_config(app: object, settings: Settings, log_level: str) -> uvicorn.C
     return uvicorn.Config(
         app, host=settings.listen.host, port=settings.listen.port, log_level=log_level,
         access_log=False,  # a log line per request costs more than relaying it
-        timeout_graceful_shutdown=int(settings.timeouts.shutdown_grace_s) or None,
+        # A float: int() made 1.5 s one second, and any grace under 1 s "wait forever".
+        timeout_graceful_shutdown=settings.timeouts.shutdown_grace_s,  # type: ignore[arg-type]
         timeout_keep_alive=75,
     )
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, except that a drained gateway exits 0.
+
+    After its graceful shutdown uvicorn re-raises the signal that stopped it, under the
+    handler that was there before (the default one): the process then dies by SIGTERM
+    (exit -15) although every stream was drained or ended properly."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                captured = getattr(self, "_captured_signals", None)
+                if isinstance(captured, list):
+                    captured.clear()
 
 
 async def serve(settings: Settings, config_path: Path | None, log_level: str) -> None:
     from gateway.app import create_app
 
     app = create_app(settings, config_path=config_path)
-    await uvicorn.Server(uvicorn_config(app, settings, log_level)).serve()
+    await _Server(uvicorn_config(app, settings, log_level)).serve()
 
 
 async def demo(settings: Settings, config_path: Path | None, log_level: str,
