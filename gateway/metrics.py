@@ -44,7 +44,7 @@ class GatewayMetrics:
                                          "Completion tokens (from usage).", ["backend"],
                                          registry=registry)
         self.ttft = Histogram("gateway_ttft_seconds",
-                              "Request arrival to first response body byte sent to the client.",
+                              "Streaming requests: arrival to the first model output sent to the client.",
                               ["backend"], buckets=_LATENCY_BUCKETS, registry=registry)
         self.e2e = Histogram("gateway_e2e_seconds", "Request arrival to response end.",
                              ["backend"], buckets=_LATENCY_BUCKETS, registry=registry)

@@ -25,7 +25,8 @@ class Watchdog:
         started = self._started = self._loop.time()  # the loop's clock: timers run on it
         self._keepalive_s = timeouts.keepalive_s if keepalive else 0.0
         self.reason: str | None = None
-        self.last_activity = started
+        self.last_activity = started  # last bytes from the backend: the idle deadline
+        self.last_sent = started  # last write to the client, keep-alives included
         self.first_byte_seen = False
         self.reading = False  # True only while awaiting upstream bytes: safe to interrupt
         self._handle: asyncio.TimerHandle | None = None
@@ -39,8 +40,10 @@ class Watchdog:
             self._handle = None
 
     def got_bytes(self) -> None:
-        self.first_byte_seen = True
-        self.last_activity = self._loop.time()
+        self.last_activity = self.last_sent = self._loop.time()
+        if not self.first_byte_seen:
+            self.first_byte_seen = True
+            self._arm()  # from here on the idle deadline applies, usually the nearest
 
     def kick(self, reason: str) -> None:
         """Interrupt the request now (client gone, shutdown)."""
@@ -52,7 +55,7 @@ class Watchdog:
         """The relay wrote a keep-alive comment: clear the interruption and re-arm."""
         self.reason = None
         self._task.uncancel()
-        self.last_activity = self._loop.time()
+        self.last_sent = self._loop.time()  # not last_activity: the backend is still silent
         self._arm()
 
     def _deadlines(self) -> list[tuple[float, str]]:
@@ -63,7 +66,7 @@ class Watchdog:
         else:
             deadlines.append((self._started + t.first_byte_s, "timeout_first_byte"))
         if self._keepalive_s > 0 and self.first_byte_seen:  # before it: relay._attempt's job
-            deadlines.append((self.last_activity + self._keepalive_s, KEEPALIVE))
+            deadlines.append((self.last_sent + self._keepalive_s, KEEPALIVE))
         return deadlines
 
     def _arm(self) -> None:
