@@ -277,7 +277,7 @@ def expected_tiles(state: dict[str, Any]) -> dict[str, str]:
     return {
         "mode": state["mode"],
         "concurrency": str(state["concurrency"]),
-        "crossover": str(state["routing"]["crossover"]),
+        "crossover": str(state["crossover"]),
         "hysteresis": str(state["routing"]["hysteresis"]),
         "policy": state["routing"]["policy"],
         "inflight-mtp": str(mtp["inflight"]),
