@@ -182,18 +182,22 @@ async def test_idle_timeout_mid_stream_ends_with_an_error_event(keepalive_s: flo
     async with start_sim_pair(options) as pair, live_gateway(pair, timeouts=timeouts) as gateway, \
             httpx.AsyncClient() as client:
         opened = await OpenStream(client, gateway.url + URL, chat(**LONG)).open()
+        raw = opened.first
+        while b"data: " not in raw:  # past any keep-alive: the first tokens arrived
+            raw += await opened.chunks.__anext__()
         stalled_at = time.monotonic()
         await pair.servers["mtp"].set_faults(Faults(slow_factor=1e6))
-        rest = b"".join([chunk async for chunk in opened.chunks])
+        raw += b"".join([chunk async for chunk in opened.chunks])
         took = time.monotonic() - stalled_at
         await opened.close()
-        error = ending(opened.first + rest)
+        error = ending(raw)
         assert error is not None and error["code"] == "upstream_timeout"
         assert "timeout idle" in error["message"], error["message"]
         assert took < 0.4 + 1.0, f"stalled stream ended after {took:.2f} s"
         await settled(gateway, 0)
         # The gateway aborted the request (SGLang's /abort_request), freeing the slot upstream.
-        await wait_until(lambda: opened.rid not in pair.servers["mtp"].live.engine, timeout=3)
+        rid = json.loads(sse_events(raw)[0])["id"]
+        await wait_until(lambda: rid not in pair.servers["mtp"].live.engine, timeout=3)
 
 
 @pytest.mark.timeout(30)
@@ -209,6 +213,9 @@ async def test_keepalive_comments_during_a_mid_stream_stall_then_the_full_answer
         mtp = pair.servers["mtp"]
         await mtp.set_faults(Faults(slow_factor=20))  # slow enough to catch it mid-stream
         opened = await OpenStream(client, gateway.url + URL, body).open()
+        head = opened.first
+        while b"data: " not in head:  # past any keep-alive: the first tokens arrived
+            head += await opened.chunks.__anext__()
         await mtp.set_faults(Faults(slow_factor=500))  # the next step takes ~0.3 s
         rest = b""
         async for chunk in opened.chunks:
@@ -219,7 +226,7 @@ async def test_keepalive_comments_during_a_mid_stream_stall_then_the_full_answer
         rest += b"".join([chunk async for chunk in opened.chunks])
         await opened.close()
         assert b": keep-alive\n\n" in rest
-        raw = opened.first + rest
+        raw = head + rest
         assert ending(raw) is None and text_of(raw) == text_of(reference)
         await settled(gateway, 0)
 
