@@ -131,6 +131,7 @@ def _install_error_mapping(app: FastAPI) -> None:
         else:
             mapped = BadRequest(str(exc.detail))
             mapped.status = exc.status_code
+        mapped.headers = dict(exc.headers or {})  # e.g. Allow, which a 405 must carry
         return await gateway_error(request, mapped)
 
     async def validation_error(request: Request, exc: Exception) -> Response:

@@ -6,12 +6,15 @@ receives a `Settings`. Errors come out as one `ConfigError` naming the offending
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an RFC 9110 token
 
 BackendName = Literal["mtp", "plain"]
 BACKEND_NAMES: tuple[BackendName, ...] = ("mtp", "plain")
@@ -65,6 +68,15 @@ class Routing(_Frozen):
             raise ValueError("hysteresis must be smaller than crossover")
         return self
 
+    @field_validator("session_headers")
+    @classmethod
+    def _header_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        # A name no request can carry ("", "é", "a b") made every proxied request fail (500).
+        bad = [name for name in names if not _HEADER_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"not HTTP header names: {bad}")
+        return names
+
 
 class Timeouts(_Frozen):
     connect_s: float = Field(5.0, gt=0)
@@ -78,6 +90,7 @@ class Timeouts(_Frozen):
 class Limits(_Frozen):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_inflight: int = Field(1024, ge=1)
+    max_header_bytes: int = Field(64 * 1024, ge=1024)
 
 
 class Auth(_Frozen):

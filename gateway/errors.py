@@ -7,8 +7,10 @@
     │   ├── Forbidden                 403 permission_error
     │   ├── NotFound                  404 not_found_error
     │   ├── MethodNotAllowed          405
+    │   ├── RequestTimeout            408 the client stopped sending its body
     │   ├── PayloadTooLarge           413
     │   ├── UnsupportedMediaType      415
+    │   ├── HeadersTooLarge           431 (answered by the HTTP protocol layer, see cli.py)
     │   └── Overloaded                429 (Retry-After)
     └── UpstreamError                 5xx: a backend failed us
         ├── NoBackend                 503 no healthy backend
@@ -72,8 +74,16 @@ class MethodNotAllowed(ClientError):
     status, code = 405, "method_not_allowed"
 
 
+class RequestTimeout(ClientError):
+    status, code = 408, "request_timeout"
+
+
 class PayloadTooLarge(ClientError):
     status, code = 413, "request_too_large"
+
+
+class HeadersTooLarge(ClientError):
+    status, code = 431, "request_header_too_large"
 
 
 class UnsupportedMediaType(ClientError):

@@ -67,7 +67,10 @@ def check_content_type(headers: Headers) -> None:
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(body)
+        # Decode strictly: json.loads(bytes) decodes with "surrogatepass", so UTF-8-encoded
+        # surrogates (b"\xed\xa0\x80") would reach the backend, fail there with a 500, and
+        # count against a healthy backend's circuit.
+        data = json.loads(body.decode(json.detect_encoding(body)))
     except UnicodeDecodeError as exc:
         raise BadRequest("request body is not valid UTF-8") from exc
     except ValueError as exc:
@@ -146,10 +149,15 @@ def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: 
 
 
 def upstream_headers(headers: Headers, api_key: str | None) -> list[tuple[str, str]]:
+    drop = _DROP_REQUEST_HEADERS
+    for key, value in headers:
+        # Headers named in Connection describe this hop only (RFC 9110 7.6.1).
+        if key == b"connection" and value.lower() not in (b"keep-alive", b"close"):
+            drop = drop | {token.strip().lower() for token in value.split(b",")}
     kept = [
         (key.decode("latin-1"), value.decode("latin-1"))
         for key, value in headers
-        if key not in _DROP_REQUEST_HEADERS
+        if key not in drop
     ]
     if api_key:
         kept.append(("Authorization", f"Bearer {api_key}"))

@@ -79,6 +79,7 @@ class FakeBackend:
             Route("/v1/loads", self._loads), Route("/server_info", self._server_info),
             Route("/v1/models", self._models),
             Route("/v1/chat/completions", self._generate, methods=["POST"]),
+            Route("/v1/completions", self._generate, methods=["POST"]),
             Route("/abort_request", self._record, methods=["POST"]),
         ]
         self.app = Starlette(routes=routes)
