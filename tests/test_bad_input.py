@@ -691,6 +691,25 @@ async def test_backend_credentials_and_cookies_never_reach_the_client() -> None:
                 assert "backend-secret" not in str(answer.headers.raw) + answer.text, answer.request.url
 
 
+@pytest.mark.timeout(30)
+async def test_response_headers_named_in_connection_stay_with_the_backend() -> None:
+    """RFC 9110 7.6.1, the response side: what the backend's Connection header names
+    describes the backend-to-gateway hop only."""
+    fake = FakeBackend()
+    fake.response_headers = {"connection": "x-backend-hop", "x-backend-hop": "hop-only",
+                             "keep-alive": "timeout=5", "x-backend-note": "fine"}
+    async with serve_app(fake.app) as url:
+        backends = {name: {"url": url} for name in ("mtp", "plain")}
+        async with live_gateway(None, backends=backends) as gateway, \
+                httpx.AsyncClient(base_url=gateway.url) as client:
+            await gateway.runtime.monitor.probe_all()
+            for stream in (False, True):
+                answer = await client.post("/v1/chat/completions", json=chat(stream=stream))
+                assert answer.status_code == 200 and answer.headers["x-backend-note"] == "fine"
+                assert "keep-alive" not in answer.headers
+                assert "x-backend-hop" not in answer.headers, answer.headers
+
+
 SECRETS = ("client-secret-AAA", "admin-secret-BBB", "backend-secret-CCC", "wrong-secret-DDD")
 
 
