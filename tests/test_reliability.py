@@ -139,6 +139,20 @@ async def test_stream_broken_before_its_first_byte_fails_over_with_the_full_answ
 
 
 @pytest.mark.timeout(30)
+async def test_non_stream_answer_broken_before_anything_was_sent_fails_over(sim) -> None:
+    """A non-streaming answer is sent to the client only once read whole: a backend that
+    dies half way through it has cost the client nothing yet, so it is retried elsewhere."""
+    await sim.servers["mtp"].set_faults(Faults(crash_after_chunks=0))  # headers, then gone
+    async with live_gateway(sim) as gateway, httpx.AsyncClient() as client:
+        response = await client.post(gateway.url + URL, json=chat(max_tokens=10))
+        assert response.status_code == 200, response.text
+        assert (response.headers["x-gateway-backend"], response.headers["x-gateway-route-reason"]
+                ) == ("plain", "failover")
+        assert response.json()["choices"][0]["message"]["content"]
+        await settled(gateway, 0)
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize("fault", [Faults(crash_after_chunks=3), Faults(error_after_chunks=3)],
                          ids=["crash", "sglang_error_event"])
 async def test_every_concurrent_stream_broken_mid_way_ends_with_one_error_then_done(
