@@ -30,6 +30,7 @@ from gateway.errors import (
     NoBackend,
     Overloaded,
     PayloadTooLarge,
+    RequestTimeout,
     Unauthorized,
     UpstreamBroken,
     UpstreamError,
@@ -111,7 +112,8 @@ class ProxyEndpoint:
                 raise _method_not_allowed()
             headers: Headers = scope["headers"]
             self._check_client_key(headers, settings)
-            body = await _read_body(receive, settings.limits.max_body_bytes)
+            body = await _read_body(receive, settings.limits.max_body_bytes,
+                                    settings.timeouts.idle_s)
             inbound, data = parse_inbound(
                 scope["path"], headers, body,
                 session_headers=settings.routing.session_headers,
@@ -148,7 +150,7 @@ class ProxyEndpoint:
                      lease: Lease, started: float, settings: Settings) -> None:
         task = asyncio.current_task()
         assert task is not None  # always inside a task under an ASGI server
-        watchdog = Watchdog(settings.timeouts, task, keepalive=inbound.stream)
+        watchdog = Watchdog(settings.timeouts, task, stream=inbound.stream)
         exchange = Exchange(inbound, scope["headers"], lease, started, watchdog)
         listener = asyncio.create_task(_watch_disconnect(receive, watchdog))
         watchdog.start()
@@ -242,8 +244,14 @@ class ProxyEndpoint:
         if response.status >= 500:
             detail = (await response.read())[:500].decode("utf-8", "replace")
             raise UpstreamStatus(response.status, backend, detail)
-        if response.status >= 400 or not inbound.stream:
+        if response.status >= 400:
             return response, b""
+        if not inbound.stream:
+            # Read whole before anything goes to the client: a backend dying half way through
+            # an answer has cost the client nothing yet, so the retry can still happen.
+            body = await response.read()
+            self.breaker.success(backend)
+            return response, body
         first = await response.next_chunk()
         if not first:
             raise UpstreamStatus(502, backend, "stream ended before any data")
@@ -298,9 +306,7 @@ class ProxyEndpoint:
 
     async def _relay_whole(self, exchange: Exchange, send: Send, response: UpstreamResponse,
                            first: bytes) -> None:
-        body = first + await response.read()
-        exchange.watchdog.got_bytes()
-        self.breaker.success(exchange.lease.backend)
+        body = first  # _open read it whole
         exchange.last_chunks = [body[-4096:]]
         self._count_usage(exchange)
         headers = [*response.headers, (b"content-length", str(len(body)).encode())]
@@ -409,11 +415,17 @@ def _method_not_allowed() -> GatewayError:
     return MethodNotAllowed("method not allowed; use POST", headers={"allow": "POST"})
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+async def _read_body(receive: Receive, limit: int, idle_s: float) -> bytes:
     parts: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        try:
+            async with asyncio.timeout(idle_s):  # a half-sent body must not hold a task forever
+                message = await receive()
+        except TimeoutError:
+            # The rest of the body may still come: the connection cannot carry another request.
+            raise RequestTimeout(f"the request body stopped arriving for {idle_s} s",
+                                 headers={"connection": "close"}) from None
         if message["type"] == "http.disconnect":
             raise BadRequest("client disconnected while sending the body")
         chunk = message.get("body", b"")

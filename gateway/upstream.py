@@ -25,6 +25,17 @@ _SKIP_RESPONSE_HEADERS = frozenset({
 })
 
 
+def client_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
+    """The backend's response headers that may go on to the client: not the hop-by-hop ones,
+    nor those the backend's Connection header names (RFC 9110 7.6.1)."""
+    skip = set(_SKIP_RESPONSE_HEADERS)
+    for name, value in raw:
+        if name.lower() == b"connection":
+            skip.update(token.strip().lower() for token in value.decode("latin-1").split(","))
+    return [(name.lower(), value) for name, value in raw
+            if name.decode("latin-1").lower() not in skip]
+
+
 @contextmanager
 def _mapped(phase: str) -> Iterator[None]:
     """Translate aiohttp/asyncio failures into the gateway's error tree."""
@@ -105,12 +116,7 @@ class Upstream:
             response = await self.session.request(
                 method, url, data=body, headers=headers, allow_redirects=False
             )
-        kept = [
-            (name.lower(), value)
-            for name, value in response.raw_headers
-            if name.decode("latin-1").lower() not in _SKIP_RESPONSE_HEADERS
-        ]
-        return UpstreamResponse(response.status, kept, response)
+        return UpstreamResponse(response.status, client_headers(response.raw_headers), response)
 
     async def post_json(self, url: str, body: bytes, headers: list[tuple[str, str]],
                         timeout_s: float) -> int:

@@ -18,12 +18,14 @@ CLIENT_GONE = "client_disconnect"
 
 
 class Watchdog:
-    def __init__(self, timeouts: Timeouts, task: asyncio.Task[object], *, keepalive: bool) -> None:
+    def __init__(self, timeouts: Timeouts, task: asyncio.Task[object], *, stream: bool) -> None:
         self._loop = asyncio.get_running_loop()
         self._task = task
         self._timeouts = timeouts
         started = self._started = self._loop.time()  # the loop's clock: timers run on it
-        self._keepalive_s = timeouts.keepalive_s if keepalive else 0.0
+        # A non-streamed answer arrives all at once at the end: only the total deadline fits.
+        self._stream = stream
+        self._keepalive_s = timeouts.keepalive_s if stream else 0.0
         self.reason: str | None = None
         self.last_activity = started  # last bytes from the backend: the idle deadline
         self.last_sent = started  # last write to the client, keep-alives included
@@ -61,6 +63,8 @@ class Watchdog:
     def _deadlines(self) -> list[tuple[float, str]]:
         t = self._timeouts
         deadlines = [(self._started + t.total_s, "timeout_total")]
+        if not self._stream:
+            return deadlines
         if self.first_byte_seen:
             deadlines.append((self.last_activity + t.idle_s, "timeout_idle"))
         else:
