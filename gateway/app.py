@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -14,7 +15,6 @@ from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from gateway.config import ConfigError, Settings, build_settings, read_yaml
 from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
@@ -82,8 +82,25 @@ class Runtime:
         return True
 
 
+class GatewayApp:
+    """The ASGI entry point. Proxied paths go straight to the relay: every streamed chunk
+    would otherwise pass through the framework's middleware send-wrappers and route matching.
+    Everything else (lifespan, health, metrics, admin, dashboard) is the FastAPI app."""
+
+    def __init__(self, api: FastAPI, proxy: ProxyEndpoint) -> None:
+        self.api = api
+        self.proxy = proxy
+        self.state = api.state
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] in PROXY_PATHS:
+            await self.proxy(scope, receive, send)
+        else:
+            await self.api(scope, receive, send)
+
+
 def create_app(settings: Settings, *, registry: CollectorRegistry | None = None,
-               config_path: str | Path | None = None) -> FastAPI:
+               config_path: str | Path | None = None) -> GatewayApp:
     runtime = Runtime(settings, registry or CollectorRegistry(),
                       Path(config_path) if config_path else None)
 
@@ -106,11 +123,9 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None,
 
     app = FastAPI(title="mtp-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.runtime = runtime
-    for path in PROXY_PATHS:
-        app.router.routes.append(Route(path, endpoint=runtime.proxy, methods=None))
     app.include_router(api_routes)
     _install_error_mapping(app)
-    return app
+    return GatewayApp(app, runtime.proxy)
 
 
 def _install_error_mapping(app: FastAPI) -> None:

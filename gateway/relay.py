@@ -163,6 +163,9 @@ class ProxyEndpoint:
             await self._interrupted(exchange, send, watchdog.reason or SHUTDOWN)
         except GatewayError as exc:
             await self._failed(exchange, send, exc)
+        except Exception:  # a bug: still end the response properly and keep serving
+            log.exception("unexpected error relaying %s", inbound.path)
+            await self._failed(exchange, send, GatewayError("internal gateway error"))
         finally:
             watchdog.stop()
             listener.cancel()
