@@ -1,0 +1,86 @@
+"""The overhead benchmark's CI guard: `--quick` (C=32, 16 tokens, a 3 s window, small extras)
+runs end to end against a real gateway process and reports every field, with zero errors.
+
+No timing assertions: the figures depend on the machine; docs/perf/overhead.json keeps the
+measured ones with the machine and command they came from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+STREAM_FIELDS = ("chunks_per_s", "requests_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
+                 "itl_p99_ms", "errors", "error_kinds", "ttft_samples", "itl_samples", "harness_cpu_util",
+                 "foreign_cpu_util")
+GATEWAY_FIELDS = ("watched_cpu_s", "watched_cpu_util", "watched_cpu_ms_per_1k_chunks", "watched_rss_mb",
+                  "watched_hwm_mb")
+POINT_FIELDS = ("chunks_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "watched_cpu_ms_per_1k_chunks",
+                "watched_rss_mb", "watched_hwm_mb")
+TARGET_KEYS = {"c128_l16_throughput", "c128_l128_throughput", "c128_l16_ttft_p50", "c128_l128_ttft_p50",
+               "c1_l16_ttft_p50", "c1_l16_ttft_p99", "c1_l128_ttft_p50", "c1_l128_ttft_p99",
+               "c128_l128_cpu", "c128_l16_cpu", "big_body", "open_streams_rss", "errors"}
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    out = tmp_path_factory.mktemp("overhead")
+    json_path, md_path = out / "overhead.json", out / "overhead.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.bench.overhead", "--quick", "--json", str(json_path),
+         "--markdown", str(md_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(json_path.read_text()), md_path.read_text()
+
+
+@pytest.mark.timeout(180)
+def test_quick_run_completes_without_errors(quick_report: tuple[dict, str]) -> None:
+    report, _ = quick_report
+    assert report["errors_total"] == 0
+    assert {(r["target"], r["concurrency"], r["max_tokens"]) for r in report["runs"]} == {
+        ("direct", 32, 16), ("gateway", 32, 16)}
+    for run in report["runs"]:
+        assert run["errors"] == 0, run["error_kinds"]
+        assert run["chunks"] > 0 and run["ttft_samples"] > 0 and run["itl_samples"] > 0
+
+
+@pytest.mark.timeout(180)
+def test_quick_report_has_every_field(quick_report: tuple[dict, str]) -> None:
+    report, markdown = quick_report
+    assert report["command"].startswith("python -m gateway.bench.overhead")
+    assert {"cpu_model", "cores", "python", "platform", "git"} <= set(report["machine"])
+    assert {"pinning", "ttft_ms", "itl_ms", "duration_s", "repeats", "quick"} <= set(report["setup"])
+    for run in report["runs"]:
+        assert set(STREAM_FIELDS) <= set(run)
+        if run["target"] == "gateway":
+            assert all(run[k] is not None for k in GATEWAY_FIELDS), run
+    (point,) = report["points"]
+    for side in ("direct", "gateway"):
+        assert set(POINT_FIELDS) <= set(point[side])
+    assert all(point["gateway"][k] is not None for k in POINT_FIELDS)
+    assert all(point["added"][k] is not None for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms"))
+
+    for name in ("small_body", "big_body"):
+        body = report[name]
+        assert body["errors"] == 0
+        assert body["direct"]["e2e_p50_ms"] is not None and body["gateway"]["e2e_p50_ms"] is not None
+        assert body["added_p50_ms"] is not None and body["gateway_cpu_ms_per_request"] is not None
+    assert report["big_body"]["body_bytes"] > 400_000
+
+    streams = report["open_streams"]
+    assert streams["errors"] == 0 and streams["opened"] == streams["streams"]
+    assert streams["rss_open_mb"] and streams["rss_before_mb"] and streams["hwm_mb"]
+
+    targets = {t["key"]: t for t in report["targets"]}
+    assert set(targets) == TARGET_KEYS
+    assert targets["errors"]["passed"] is True
+    assert targets["big_body"]["passed"] is not None and targets["open_streams_rss"]["passed"] is not None
+    for heading in ("## Targets", "## Streaming", "## Non-streamed requests", "## Open streams",
+                    "| gateway | 32 |"):
+        assert heading in markdown
