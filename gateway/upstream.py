@@ -9,11 +9,13 @@ here; its exceptions are mapped to gateway errors in exactly one place (`_mapped
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import aiohttp
+import yarl
 
 from gateway.errors import GatewayError, UpstreamBroken, UpstreamConnectError, UpstreamTimeout
 
@@ -95,6 +97,7 @@ class Upstream:
             connector=connector,
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type", "Accept"),
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies of its own
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._connect_timeout_s),
         )
 
@@ -102,6 +105,12 @@ class Upstream:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def _url(url: str) -> yarl.URL:
+        """Parsed once per backend and path, not per request."""
+        return yarl.URL(url)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -114,7 +123,7 @@ class Upstream:
         """Send a request and wait for the response headers (timeouts are the caller's)."""
         with _mapped("connect"):
             response = await self.session.request(
-                method, url, data=body, headers=headers, allow_redirects=False
+                method, self._url(url), data=body, headers=headers, allow_redirects=False
             )
         return UpstreamResponse(response.status, client_headers(response.raw_headers), response)
 
