@@ -36,7 +36,8 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Path | None]:
 
 
 def bounded_http_protocol(max_head_bytes: int) -> tuple[type[asyncio.Protocol] | str, int]:
-    """uvicorn's HTTP protocol with the request head (request line + headers) bounded.
+    """uvicorn's HTTP protocol with the request head (request line + headers) bounded, and
+    nothing kept alive for a connection the client reset.
 
     httptools buffers a header of any size (a 200 MB header costs 200 MB of memory); h11 has a
     limit of its own. Returns (protocol, h11 limit) for uvicorn.Config(http=...)."""
@@ -53,6 +54,16 @@ def bounded_http_protocol(max_head_bytes: int) -> tuple[type[asyncio.Protocol] |
         _pending = 0  # bytes received while the head is incomplete: what httptools buffers
         _head_size = 0  # request line and headers as parsed
         _refused = False
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            # uvicorn cancels the keep-alive timer only when the connection ends cleanly: a
+            # client that resets it (an agent abandoning a stream) left its protocol, scope
+            # and buffers alive for timeout_keep_alive (75 s), ~5 KB per aborted request.
+            timer = self.timeout_keep_alive_task
+            if timer is not None:
+                timer.cancel()
+                self.timeout_keep_alive_task = None
 
         def data_received(self, data: bytes) -> None:
             if self._refused:

@@ -87,6 +87,7 @@ class Tally:
     requests: Counter[str] = field(default_factory=Counter)  # by what the client meant to do
     faults: list[str] = field(default_factory=list)
     active: int = 0  # workers allowed to send right now (the load swings, see `swing`)
+    rss: list[str] = field(default_factory=list)  # the gateway's RSS every 30 s
     latest_error: dict[str, str] = field(default_factory=dict)
 
     def add(self, outcome: str, detail: str = "") -> None:
@@ -205,7 +206,9 @@ async def soak(args: argparse.Namespace) -> int:
     admin = secrets.token_hex(16)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    async with start_sim_pair(SimOptions(time_scale=args.time_scale, seed=args.seed)) as pair:
+    # The simulator logs every injected crash as a traceback: keep its uvicorn quiet.
+    options = SimOptions(time_scale=args.time_scale, seed=args.seed, log_level="critical")
+    async with start_sim_pair(options) as pair:
         config = {
             "listen": {"host": "127.0.0.1", "port": port},
             "backends": {name: {"url": url} for name, url in pair.urls.items()},
@@ -263,8 +266,9 @@ async def soak(args: argparse.Namespace) -> int:
                     if time.monotonic() - last_print >= 30:
                         last_print = time.monotonic()
                         done = sum(tally.outcomes.values())
+                        tally.rss.append(f"{last_print - started:.0f}s {rss_mib(process.pid):.1f}")
                         print(f"  t={last_print - started:5.0f}s  {done} requests finished, "
-                              f"RSS {rss_mib(process.pid):.1f} MiB", flush=True)
+                              f"RSS {rss_mib(process.pid):.1f} MiB", file=sys.stderr, flush=True)
                 await asyncio.gather(*workers)
                 for task in (toggler, swinger):
                     task.cancel()
@@ -333,6 +337,7 @@ def report(args: argparse.Namespace, tally: Tally, elapsed: float, final: dict, 
         f"{warmup_s:.0f} s warm-up, peak {rss_peak:.1f} MiB, {rss_end:.1f} MiB at the end "
         f"-> growth {growth:+.1f} % since warm-up ({(rss_end / rss_start - 1) * 100:+.1f} % "
         f"since start-up)",
+        "gateway RSS every 30 s (MiB): " + ", ".join(tally.rss),
         "gateway counters (/metrics):",
         *[f"  {line}" for line in metrics.splitlines()
           if line.startswith(("gateway_retries_total", "gateway_upstream_errors_total",
