@@ -617,9 +617,9 @@ async def test_an_oversized_request_head_is_refused_with_431_before_it_is_buffer
 
 @pytest.mark.timeout(30)
 def test_connections_the_client_resets_leave_nothing_behind() -> None:
-    """Under uvloop (what `serve` runs) a connection reset after its response kept uvicorn's
-    keep-alive timer, and with it the protocol, scope and buffers, for timeout_keep_alive
-    (75 s): ~5 KB per abandoned connection, 150 MB at 400 aborts/s."""
+    """A connection the client resets kept uvicorn's keep-alive timer, and with it the
+    protocol, scope and buffers, for timeout_keep_alive (75 s): ~5 KB per abandoned connection,
+    150 MB at 400 aborts/s. Run under uvloop, what `serve` uses."""
     uvloop = pytest.importorskip("uvloop")
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
