@@ -340,7 +340,7 @@ def test_generated_bad_requests_get_openai_shaped_4xx_and_leave_nothing_behind()
     with Harness(**sections) as harness:
         labels_before = harness.run(harness.metric_labels())
 
-        @settings(max_examples=1800, deadline=None, database=None,
+        @settings(max_examples=1600, deadline=None, database=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
         @given(bad_requests)
         def one(request: Bad) -> None:
@@ -354,7 +354,7 @@ def test_generated_bad_requests_get_openai_shaped_4xx_and_leave_nothing_behind()
         assert all(re.fullmatch(r"[A-Za-z0-9_.+]+", value) for value in labels), labels - labels_before
         assert len(labels) < 80, sorted(labels)
         assert len(harness.gateway.router.sessions) <= 16
-    assert sum(kinds.values()) >= 1800
+    assert sum(kinds.values()) >= 1600  # + 300 keys + 150 routing changes: 2,050 in all
     categories = {"malformed_json", "wrong_content_type", "wrong_fields", "too_large",
                   "unknown_path", "wrong_method", "invalid_utf8", "unknown_model", "weird_headers"}
     assert {c for c in categories if any(k.startswith(c) for k in kinds)} == categories, kinds

@@ -327,13 +327,13 @@ async def test_backend_crash_and_restart_down_after_fall_up_after_rise(sim) -> N
         await settled(gateway, 0)
 
 
+GARBAGE_PROBE_ANSWERS = [b"<html>502 Bad Gateway</html>", b"\xff\xfe{",
+                         {"loads": [{"num_running_reqs": "many"}]},
+                         {"loads": [{"num_running_reqs": None}]}]
+
+
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("garbage", [b"<html>502 Bad Gateway</html>", b"\xff\xfe{",
-                                     {"loads": [{"num_running_reqs": "many"}]},
-                                     {"loads": [{"num_running_reqs": None}]}],
-                         ids=["html", "not_utf8", "string_count", "null_count"])
-async def test_a_backend_answering_garbage_probes_is_marked_down_and_probing_goes_on(
-        sim, garbage: object) -> None:
+async def test_a_backend_answering_garbage_probes_is_marked_down_and_probing_goes_on(sim) -> None:
     """A 200 whose body is not what SGLang sends (a proxy's HTML page, a half-started server)
     is a failed probe: it must not end the monitor, which would then never mark anything
     down or up again."""
@@ -344,11 +344,12 @@ async def test_a_backend_answering_garbage_probes_is_marked_down_and_probing_goe
                                 monitor={"interval_s": 0.02, "fall": 2, "rise": 2}) as gateway:
             health = gateway.router.health["mtp"]
             await wait_until(lambda: gateway.runtime.monitor.streaks["mtp"].good >= 1)
-            fake.loads = garbage
-            await wait_until(lambda: not health.up, timeout=3)
-            fake.loads = {"loads": [{"num_running_reqs": 3, "num_waiting_reqs": 1}]}
-            await wait_until(lambda: health.up, timeout=3)
-            assert (health.reported_running, health.reported_waiting) == (3, 1)
+            for i, garbage in enumerate(GARBAGE_PROBE_ANSWERS):
+                fake.loads = garbage
+                await wait_until(lambda: not health.up, timeout=3)
+                fake.loads = {"loads": [{"num_running_reqs": i, "num_waiting_reqs": 1}]}
+                await wait_until(lambda: health.up, timeout=3)
+                assert (health.reported_running, health.reported_waiting) == (i, 1)
 
 
 # --- the circuit breaker ---------------------------------------------------------------------
@@ -454,7 +455,7 @@ async def test_state_kept_per_client_stays_bounded(sim) -> None:
     """Session ids are client-chosen: the map is capped. Upstream aborts do not pile up."""
     async with live_gateway(sim, routing={"max_sessions": 5}) as gateway, \
             httpx.AsyncClient() as client:
-        for i in range(20):
+        for i in range(12):
             response = await client.post(gateway.url + URL, json=chat(max_tokens=1),
                                          headers={"x-session-id": f"session-{i}"})
             assert response.status_code == 200
