@@ -13,8 +13,13 @@ p50/p99 and added inter-chunk p99 (gateway minus direct), the gateway's CPU per 
 (long agent context) one at a time, and the gateway's RSS with 1,000 slow streams open.
 Writes Markdown (stdout or --markdown) and JSON (--json), with the machine and the command.
 
-    python -m gateway.bench.overhead --json docs/perf/overhead.json --markdown docs/perf/overhead.md
-    python -m gateway.bench.overhead --quick          # CI: C=32 only, 3 s, a few seconds
+    mtp-gateway overhead --json docs/perf/overhead.json --markdown docs/perf/overhead.md
+    mtp-gateway overhead --quick        # CI: C=32 x 16 tokens, a 3 s window, small extras
+    mtp-gateway overhead --concurrency 128 --lengths 16 --gateway-only --profile DIR   # py-spy
+
+(`python -m gateway.bench.overhead` is the same command.) On a shared machine add
+`--wait-quiet 600`: every window records the CPU other programs used meanwhile, and a window
+where they used more than 0.1 core is measured again (--busy-retries, --busy-wait).
 
 Exit status: 0 when every run completed without errors (targets are reported, not enforced,
 unless --check-targets), 1 otherwise.
@@ -417,7 +422,7 @@ def run_sequential(args: argparse.Namespace, h: Harness, body_bytes: int, reques
     assert h.gateway is not None
     raw = h.command({"cmd": "sequential", "targets": {"direct": h.upstream_port, "gateway": h.gateway_port},
                      "body_bytes": body_bytes, "requests": requests, "warmup": 5,
-                     "watch_pid": h.gateway.pid})
+                     "watch_pid": h.gateway.pid, "upstream_pid": h.upstream.pid if h.upstream else None})
     d, g = raw["direct"], raw["gateway"]
 
     def sub(key: str) -> float | None:
@@ -426,7 +431,8 @@ def run_sequential(args: argparse.Namespace, h: Harness, body_bytes: int, reques
     raw.update(added_p50_ms=sub("e2e_p50_ms"), added_p99_ms=sub("e2e_p99_ms"),
                gateway_cpu_ms_per_request=raw.pop("watched_cpu_ms_per_request", None))
     _log(f"body {raw['body_bytes']:,} B: direct e2e p50 {d['e2e_p50_ms']} ms, gateway {g['e2e_p50_ms']} ms, "
-         f"added {raw['added_p50_ms']} ms, errors {raw['errors']}")
+         f"added {raw['added_p50_ms']} ms, others {raw['foreign_cpu_util']:.2f} cores, "
+         f"errors {raw['errors']}")
     return raw
 
 
@@ -504,7 +510,8 @@ def build_report(args: argparse.Namespace, runs: list[dict[str, Any]], conns: di
     if args.profile:
         notes.append(f"py-spy sampled the gateway at 200 Hz (pausing it for each sample) during its "
                      f"windows ({args.profile}): its CPU figures include the sampling overhead.")
-    foreign = max((r.get("foreign_cpu_util") or 0.0 for r in runs), default=0.0)
+    foreign = max((r.get("foreign_cpu_util") or 0.0 for r in [*runs, *(x for x in (small, big) if x)]),
+                  default=0.0)
     if foreign > QUIET_CORES or harness_info["load_before_cores"] > QUIET_CORES:
         notes.insert(0, f"WARNING: other programs used up to {foreign:.2f} cores during the windows "
                         f"({harness_info['load_before_cores']:.2f} before the start): the figures are "

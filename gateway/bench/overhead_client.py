@@ -428,8 +428,12 @@ async def closed_loop(port: int, concurrency: int, max_tokens: int, warmup_s: fl
     return out
 
 
+def _ours_s(pids: list[int | None]) -> float:
+    return sum(proc_cpu_s(pid) for pid in {os.getpid(), *pids} if pid)
+
+
 async def sequential(targets: dict[str, int], body_bytes: int, requests: int, warmup: int,
-                     watch_pid: int | None) -> dict[str, Any]:
+                     watch_pid: int | None, upstream_pid: int | None = None) -> dict[str, Any]:
     """Non-streamed requests one at a time, alternating targets (rotating order), each on its
     own kept-alive connection: end-to-end time per target."""
     body = agent_context_body(body_bytes) if body_bytes else {
@@ -441,6 +445,7 @@ async def sequential(targets: dict[str, int], body_bytes: int, requests: int, wa
     errors: dict[str, int] = {}
     names = list(targets)
     cpu_before = proc_cpu_s(watch_pid) if watch_pid else None
+    started, machine0, ours0 = time.perf_counter(), machine_busy_s(), _ours_s([watch_pid, upstream_pid])
     for i in range(warmup + requests):
         order = names if i % 2 == 0 else names[::-1]
         for name in order:
@@ -454,10 +459,13 @@ async def sequential(targets: dict[str, int], body_bytes: int, requests: int, wa
             elif i >= warmup:
                 times[name].append(result.end_at - result.sent_at)
     cpu_after = proc_cpu_s(watch_pid) if watch_pid else None
+    elapsed = time.perf_counter() - started
+    foreign = (machine_busy_s() - machine0) - (_ours_s([watch_pid, upstream_pid]) - ours0)
     for conn in conns.values():
         conn.close()
     out: dict[str, Any] = {"body_bytes": len(wire[names[0]]), "requests": requests,
-                           "errors": sum(errors.values()), "error_kinds": errors}
+                           "errors": sum(errors.values()), "error_kinds": errors,
+                           "foreign_cpu_util": round(max(0.0, foreign) / elapsed, 3)}
     for name, values in times.items():
         out[name] = {"e2e_p50_ms": _ms(percentile(values, 50)), "e2e_p99_ms": _ms(percentile(values, 99)),
                      "e2e_mean_ms": _ms(sum(values) / len(values)) if values else None,

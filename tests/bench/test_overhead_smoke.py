@@ -32,7 +32,7 @@ def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("overhead")
     json_path, md_path = out / "overhead.json", out / "overhead.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway.bench.overhead", "--quick", "--json", str(json_path),
+        [sys.executable, "-m", "gateway", "overhead", "--quick", "--json", str(json_path),
          "--markdown", str(md_path)],
         cwd=REPO, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -53,7 +53,7 @@ def test_quick_run_completes_without_errors(quick_report: tuple[dict, str]) -> N
 @pytest.mark.timeout(180)
 def test_quick_report_has_every_field(quick_report: tuple[dict, str]) -> None:
     report, markdown = quick_report
-    assert report["command"].startswith("python -m gateway.bench.overhead")
+    assert report["command"].startswith("python -m gateway overhead --quick")
     assert {"cpu_model", "cores", "python", "platform", "git"} <= set(report["machine"])
     assert {"pinning", "ttft_ms", "itl_ms", "duration_s", "repeats", "quick"} <= set(report["setup"])
     for run in report["runs"]:
