@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
+import gc
 import logging
 import sys
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ import uvicorn
 from gateway.config import ConfigError, Settings, load_settings
 
 EXIT_CONFIG = 2
+M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter number
 DEFAULT_CONFIG = "config.yaml"
 
 
@@ -171,6 +174,24 @@ async def demo(settings: Settings, config_path: Path | None, log_level: str,
         await serve(settings, config_path, log_level)
 
 
+def tune_process() -> None:
+    """Process-wide settings for a long-running proxy, applied once by `serve` and `demo`.
+
+    - glibc maps a fresh region for every buffer over 128 KB and unmaps it on free, so each
+      400 KB agent-context body page-faults its way in (measured: ~1.3 ms of the gateway's
+      4.5 ms CPU per such request). A 4 MB threshold keeps such buffers on the heap.
+    - The request path creates almost no reference cycles, but full collections still walk
+      every object: start-up objects are frozen out of the collector, so they are not walked.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, 4 * 1024 * 1024)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to tune
+    gc.collect()
+    gc.freeze()
+
+
 def use_fast_event_loop() -> None:
     """uvloop when installed (uvicorn[standard] brings it). uvicorn.run() would pick it itself,
     but we run uvicorn.Server inside our own asyncio.run(), which starts the stock loop."""
@@ -211,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("serve", "demo"):
             settings, config_path = _load(args)
             use_fast_event_loop()
+            tune_process()
             if args.command == "serve":
                 asyncio.run(serve(settings, config_path, args.log_level))
             else:
