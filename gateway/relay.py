@@ -200,6 +200,7 @@ class ProxyEndpoint:
             self._count_failure(lease.backend, exc)
             fallback = other(lease.backend)
             if exchange.committed or not self._healthy(fallback):
+                exc.counted = True  # _failed must not count this failure a second time
                 raise
             self.metrics.retries.labels(lease.backend, fallback).inc()
             log.warning("retrying on %s after %s from %s", fallback, exc.kind, lease.backend)
@@ -357,7 +358,7 @@ class ProxyEndpoint:
     async def _failed(self, exchange: Exchange, send: Send, exc: GatewayError,
                       counted: bool = False) -> None:
         backend = exchange.lease.backend
-        if not counted and isinstance(exc, UpstreamError):
+        if not counted and not exc.counted and isinstance(exc, UpstreamError):
             self._count_failure(backend, exc)
         self._abort_upstream(exchange)
         self.metrics.responses.labels(backend, str(exc.status)).inc()

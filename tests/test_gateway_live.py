@@ -400,3 +400,17 @@ async def test_models_health_and_unknown_model(sim) -> None:
         unknown = await client.post(gateway.url + "/v1/chat/completions",
                                     json={**chat(), "model": "gpt-5"})
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.timeout(30)
+async def test_a_failure_that_cannot_be_retried_counts_once(sim) -> None:
+    """Metrics and the circuit breaker see one failure per failed request, not two."""
+    await sim.servers["mtp"].set_faults(Faults(fail_status=500))
+    async with live_gateway(sim, monitor={"interval_s": 60}) as gateway, \
+            httpx.AsyncClient() as client:
+        gateway.router.health["plain"].up = False  # nowhere to retry
+        response = await client.post(gateway.url + "/v1/chat/completions", json=chat())
+        assert response.status_code == 500
+        assert gateway.runtime.breaker.failures["mtp"] == 1
+        metrics = (await client.get(gateway.url + "/metrics")).text
+        assert 'gateway_upstream_errors_total{backend="mtp",kind="status_5xx"} 1.0' in metrics
