@@ -41,7 +41,7 @@ class SessionMap:
     """Session id -> backend of its last turn, least recently used forgotten first."""
 
     def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
+        self.capacity = capacity
         self._entries: OrderedDict[str, BackendName] = OrderedDict()
 
     def get(self, session: str | None) -> BackendName | None:
@@ -51,11 +51,11 @@ class SessionMap:
         return self._entries[session]
 
     def put(self, session: str | None, backend: BackendName) -> None:
-        if session is None or self._capacity == 0:
+        if session is None or self.capacity == 0:
             return
         self._entries[session] = backend
         self._entries.move_to_end(session)
-        while len(self._entries) > self._capacity:
+        while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
     def __len__(self) -> int:
@@ -70,6 +70,11 @@ class Lease:
     decision: Decision
     backend: BackendName
     released: bool = field(default=False)
+
+    @property
+    def reason(self) -> str:
+        """Why the request is where it is: the decision's reason, or failover after a retry."""
+        return self.decision.reason if self.backend == self.decision.backend else "failover"
 
     def move_to(self, backend: BackendName) -> None:
         """Retry elsewhere before any byte went out: the count follows the request."""
@@ -104,8 +109,7 @@ class Router:
         return sum(self.inflight.values())
 
     def update_routing(self, routing: Routing) -> None:
-        if routing.max_sessions != self.routing.max_sessions:
-            self.sessions._capacity = routing.max_sessions
+        self.sessions.capacity = routing.max_sessions
         self.routing = routing
 
     def snapshot(self, now: float) -> Snapshot:

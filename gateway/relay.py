@@ -200,7 +200,6 @@ class ProxyEndpoint:
             self._count_failure(lease.backend, exc)
             fallback = other(lease.backend)
             if exchange.committed or not self._healthy(fallback):
-                exc.counted = True  # _failed must not count this failure a second time
                 raise
             self.metrics.retries.labels(lease.backend, fallback).inc()
             log.warning("retrying on %s after %s from %s", fallback, exc.kind, lease.backend)
@@ -239,9 +238,7 @@ class ProxyEndpoint:
             exchange.upstream = None
         target = settings.backends.get(backend)
         headers = upstream_headers(exchange.client_headers, target.api_key)
-        decision = exchange.lease.decision
-        reason = decision.reason if backend == decision.backend else "failover"
-        self.metrics.requests.labels(backend, reason).inc()
+        self.metrics.requests.labels(backend, exchange.lease.reason).inc()
         self.metrics.overhead.labels(backend).observe(time.monotonic() - exchange.started)
         response = await self.upstream.send("POST", target.url + inbound.path, headers, inbound.body)
         exchange.upstream = response
@@ -330,35 +327,31 @@ class ProxyEndpoint:
 
     async def _commit(self, exchange: Exchange, send: Send, status: int,
                       headers: list[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> None:
-        decision, backend = exchange.lease.decision, exchange.lease.backend
-        reason = decision.reason if backend == decision.backend else "failover"
+        lease = exchange.lease
         exchange.committed = True
         await send({"type": "http.response.start", "status": status, "headers": [
             *headers, *extra,
-            (b"x-gateway-backend", backend.encode()),
-            (b"x-gateway-route-reason", reason.encode()),
+            (b"x-gateway-backend", lease.backend.encode()),
+            (b"x-gateway-route-reason", lease.reason.encode()),
         ]})
 
     async def _interrupted(self, exchange: Exchange, send: Send, reason: str) -> None:
         backend = exchange.lease.backend
-        self._abort_upstream(exchange)
         if reason == CLIENT_GONE:
+            self._abort_upstream(exchange)
             phase = "mid_stream" if exchange.first_byte_at is not None else "before_first_byte"
             self.metrics.disconnects.labels(backend, phase).inc()
             self.metrics.responses.labels(backend, "499").inc()
-            return
-        if reason == SHUTDOWN:
-            await self._failed(exchange, send, ShuttingDown("the gateway is shutting down; retry"),
-                               counted=True)
-            return
-        exc = UpstreamTimeout(f"backend '{backend}' {reason.replace('_', ' ')}", kind=reason)
-        self._count_failure(backend, exc)
-        await self._failed(exchange, send, exc, counted=True)
+        elif reason == SHUTDOWN:
+            await self._failed(exchange, send, ShuttingDown("the gateway is shutting down; retry"))
+        else:
+            exc = UpstreamTimeout(f"backend '{backend}' {reason.replace('_', ' ')}", kind=reason)
+            await self._failed(exchange, send, exc)
 
-    async def _failed(self, exchange: Exchange, send: Send, exc: GatewayError,
-                      counted: bool = False) -> None:
+    async def _failed(self, exchange: Exchange, send: Send, exc: GatewayError) -> None:
+        """End the request with an error: counted against the backend once, upstream aborted."""
         backend = exchange.lease.backend
-        if not counted and not exc.counted and isinstance(exc, UpstreamError):
+        if isinstance(exc, UpstreamError) and not exc.counted:
             self._count_failure(backend, exc)
         self._abort_upstream(exchange)
         self.metrics.responses.labels(backend, str(exc.status)).inc()
@@ -373,6 +366,7 @@ class ProxyEndpoint:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _count_failure(self, backend: BackendName, exc: GatewayError) -> None:
+        exc.counted = True  # whatever path it ends by, a failure is counted once
         self.metrics.upstream_errors.labels(backend, exc.kind).inc()
         self.breaker.failure(backend)
 

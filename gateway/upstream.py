@@ -79,10 +79,6 @@ class UpstreamResponse:
         # Closing (not releasing) drops the connection, so an unfinished stream stops upstream.
         self._response.close()
 
-    def release(self) -> None:
-        """Return a fully read connection to the pool."""
-        self._response.release()
-
 
 class Upstream:
     """A pooled client for the backends. Created and closed by the app's lifespan."""
