@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
+from hypothesis import settings as hypothesis_settings
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
 from gateway.config import build_settings
 from gateway.sim.server import SimOptions, SimPair, start_sim_pair
 from tests.live import serve_app
+
+# Generated tests draw the same examples on every run: CI fails only on a real regression, never on
+# an unlucky draw. HYPOTHESIS_PROFILE=explore draws fresh examples when hunting for bugs.
+hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+hypothesis_settings.register_profile("explore", max_examples=2000, database=None)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture
