@@ -38,6 +38,9 @@ class Backend(_Frozen):
     def _url_is_http(self) -> Backend:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"backend url must start with http:// or https://, got {self.url!r}")
+        key = self.api_key
+        if key is not None and not (key.isascii() and key.isprintable()):
+            raise ValueError("backend api_key must be printable ASCII (it goes in a header)")
         return self
 
 

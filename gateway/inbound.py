@@ -158,19 +158,15 @@ def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: 
     return inbound, data
 
 
-def upstream_headers(headers: Headers, api_key: str | None) -> list[tuple[str, str]]:
+def upstream_headers(headers: Headers, api_key: str | None) -> list[tuple[bytes, bytes]]:
     drop = _DROP_REQUEST_HEADERS
     for key, value in headers:
         # Headers named in Connection describe this hop only (RFC 9110 7.6.1).
         if key == b"connection" and value.lower() not in (b"keep-alive", b"close"):
             drop = drop | {token.strip().lower() for token in value.split(b",")}
-    kept = [
-        (key.decode("latin-1"), value.decode("latin-1"))
-        for key, value in headers
-        if key not in drop
-    ]
+    kept = [(key, value) for key, value in headers if key not in drop]
     if api_key:
-        kept.append(("Authorization", f"Bearer {api_key}"))
+        kept.append((b"authorization", b"Bearer " + api_key.encode("latin-1")))
     return kept
 
 

@@ -134,7 +134,7 @@ class Monitor:
     async def probe(self, name: BackendName) -> None:
         backend = self.settings.backends.get(name)
         budget = self.settings.monitor.request_timeout_s
-        headers = [("Authorization", f"Bearer {backend.api_key}")] if backend.api_key else []
+        headers = [(b"authorization", f"Bearer {backend.api_key}".encode())] if backend.api_key else []
         health = self.router.health[name]
         try:
             loads = await self.upstream.get_json(backend.url + "/v1/loads", headers, budget)

@@ -41,6 +41,7 @@ from gateway.load import Lease, Router
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import CircuitBreaker
 from gateway.policy import RequestFacts, other
+from gateway.server import BODY_WRITER, BodyWriter
 from gateway.upstream import Upstream, UpstreamResponse
 from gateway.watchdog import CLIENT_GONE, KEEPALIVE, Watchdog
 
@@ -86,6 +87,7 @@ class Exchange:
     committed: bool = False  # response headers went to the client: no more retries
     upstream: UpstreamResponse | None = None
     first_byte_at: float | None = None
+    writer: BodyWriter | None = None  # the server's synchronous body writer, when it has one
     tail: bytes = b""  # an unfinished SSE event held back until its end arrives
     last_chunks: list[bytes] = field(default_factory=list)
 
@@ -151,7 +153,8 @@ class ProxyEndpoint:
         task = asyncio.current_task()
         assert task is not None  # always inside a task under an ASGI server
         watchdog = Watchdog(settings.timeouts, task, stream=inbound.stream)
-        exchange = Exchange(inbound, scope["headers"], lease, started, watchdog)
+        exchange = Exchange(inbound, scope["headers"], lease, started, watchdog,
+                            writer=(scope.get("extensions") or {}).get(BODY_WRITER))
         listener = asyncio.create_task(_watch_disconnect(receive, watchdog))
         watchdog.start()
         try:
@@ -189,7 +192,12 @@ class ProxyEndpoint:
         if not exchange.committed:
             await self._commit(exchange, send, response.status, response.headers, _STREAM_HEADERS)
         await self._send_chunk(exchange, send, first)
-        await self._relay_stream(exchange, send, response)
+        writer = exchange.writer
+        if writer is not None and writer.usable():
+            await self._pump_stream(exchange, response, writer)
+        else:
+            await self._relay_stream(exchange, send, response)
+        await self._end_stream(exchange, send)
 
     async def _attempt_with_retry(self, exchange: Exchange, send: Send,
                                   settings: Settings) -> tuple[UpstreamResponse, bytes]:
@@ -260,25 +268,61 @@ class ProxyEndpoint:
         self.breaker.success(backend)
         return response, first
 
+    async def _pump_stream(self, exchange: Exchange, response: UpstreamResponse,
+                           writer: BodyWriter) -> None:
+        """The fast path: each piece the backend sends is framed and written to the client in
+        the upstream connection's own callback. This task only waits for the end, writes
+        keep-alives, and waits out a slow client (the backend's socket is paused meanwhile)."""
+        watchdog, frame = exchange.watchdog, self._frame
+
+        def relay(chunk: bytes) -> None:
+            watchdog.got_bytes()
+            framed = frame(exchange, chunk)
+            if framed:
+                writer.write(framed)
+                if writer.paused:
+                    response.pause_reading()
+
+        response.pump(relay)
+        while True:
+            try:
+                watchdog.reading = True
+                ended = await response.pumped()
+            except asyncio.CancelledError:
+                if watchdog.reason != KEEPALIVE:
+                    raise
+                writer.write(_KEEPALIVE_COMMENT)
+                watchdog.handled_keepalive()
+                continue
+            finally:
+                watchdog.reading = False
+            if ended:
+                return
+            await writer.drain()
+            response.resume_reading()
+
     async def _relay_stream(self, exchange: Exchange, send: Send, response: UpstreamResponse) -> None:
+        """The same relay by ASGI send, for servers without the body writer."""
         watchdog, next_chunk = exchange.watchdog, response.next_chunk
         while True:
             try:
                 watchdog.reading = True
                 chunk = await next_chunk()
-                watchdog.reading = False
             except asyncio.CancelledError:
-                watchdog.reading = False
                 if watchdog.reason != KEEPALIVE:
                     raise
                 await send({"type": "http.response.body", "body": _KEEPALIVE_COMMENT,
                             "more_body": True})
                 watchdog.handled_keepalive()
                 continue
+            finally:
+                watchdog.reading = False
             if not chunk:
-                break
+                return
             watchdog.got_bytes()
             await self._send_chunk(exchange, send, chunk)
+
+    async def _end_stream(self, exchange: Exchange, send: Send) -> None:
         if exchange.tail:
             raise UpstreamBroken(f"backend '{exchange.lease.backend}' ended the stream "
                                  "in the middle of an event")
@@ -287,6 +331,12 @@ class ProxyEndpoint:
         self.metrics.responses.labels(exchange.lease.backend, "200").inc()
 
     async def _send_chunk(self, exchange: Exchange, send: Send, chunk: bytes) -> None:
+        framed = self._frame(exchange, chunk)
+        if framed:
+            await send({"type": "http.response.body", "body": framed, "more_body": True})
+
+    def _frame(self, exchange: Exchange, chunk: bytes) -> bytes:
+        """What of `chunk` can go to the client now: whole SSE events only."""
         if exchange.first_byte_at is None:  # the first model output, keep-alives aside
             exchange.first_byte_at = time.monotonic()
             self.metrics.observe_ttft(exchange.lease.backend,
@@ -298,12 +348,12 @@ class ProxyEndpoint:
             cut = chunk.rfind(_EVENT_END) + 2
             chunk, exchange.tail = chunk[:cut], chunk[cut:]
             if not chunk:
-                return
+                return chunk
         last = exchange.last_chunks
         last.append(chunk)
         if len(last) > 2:
             del last[0]
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        return chunk
 
     async def _relay_whole(self, exchange: Exchange, send: Send, response: UpstreamResponse,
                            first: bytes) -> None:
@@ -391,9 +441,7 @@ class ProxyEndpoint:
 
     async def _post_abort(self, backend: BackendName, rid: str) -> None:
         target = self.get_settings().backends.get(backend)
-        headers = [("Content-Type", "application/json")]
-        if target.api_key:
-            headers.append(("Authorization", f"Bearer {target.api_key}"))
+        headers = [(b"authorization", f"Bearer {target.api_key}".encode())] if target.api_key else []
         try:
             await self.upstream.post_json(target.url + "/abort_request",
                                           json.dumps({"rid": rid}).encode(), headers, 5.0)

@@ -54,11 +54,11 @@ def gateway_settings(pair: SimPair | None, **sections: dict[str, Any]) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def live_gateway(pair: SimPair | None, *, config_path: Any = None,
+async def live_gateway(pair: SimPair | None, *, config_path: Any = None, stock_uvicorn: bool = False,
                        **sections: dict[str, Any]) -> AsyncIterator[LiveGateway]:
     app = create_app(gateway_settings(pair, **sections), registry=CollectorRegistry(),
                      config_path=config_path)
-    async with serve_app(app) as url:
+    async with serve_app(app, stock_uvicorn=stock_uvicorn) as url:
         gateway = LiveGateway(app, url)
         if pair is not None:  # the first probe round has read caps and models
             await gateway.runtime.monitor.probe_all()

@@ -9,11 +9,18 @@ from collections.abc import AsyncIterator, Callable
 
 import uvicorn
 
+from gateway.server import gateway_http_protocol
+
 
 @contextlib.asynccontextmanager
-async def serve_app(app: object, *, graceful_s: int | None = None) -> AsyncIterator[str]:
+async def serve_app(app: object, *, graceful_s: int | None = None,
+                    stock_uvicorn: bool = False) -> AsyncIterator[str]:
+    """Serve `app` as the gateway serves itself (uvicorn with the gateway's HTTP protocol), or
+    with uvicorn as shipped: a server without the gateway's synchronous body writer."""
+    http, _ = ("auto", 0) if stock_uvicorn else gateway_http_protocol(64 * 1024)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
-                            access_log=False, timeout_graceful_shutdown=graceful_s)
+                            access_log=False, timeout_graceful_shutdown=graceful_s,
+                            http=http)  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(server.serve())

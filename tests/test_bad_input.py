@@ -31,8 +31,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
-from gateway.cli import uvicorn_config
 from gateway.inbound import PROXY_PATHS
+from gateway.server import uvicorn_config
 from gateway.sim.faults import Faults
 from gateway.sim.server import SimOptions, start_sim_pair
 from tests.conftest import LiveGateway, gateway_settings, live_gateway

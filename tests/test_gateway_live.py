@@ -100,13 +100,14 @@ async def test_openai_client_stream_and_non_stream_agree(sim) -> None:
 
 
 @pytest.mark.timeout(30)
-async def test_stream_bytes_pass_through_untouched(sim) -> None:
+@pytest.mark.parametrize("stock_uvicorn", [False, True], ids=["gateway-server", "stock-uvicorn"])
+async def test_stream_bytes_pass_through_untouched(sim, stock_uvicorn: bool) -> None:
     """Tool calls, reasoning and every other field: the client gets what SGLang sent."""
     body = chat(max_tokens=16, stream=True, rid="fixed-rid-1",
                 tools=[{"type": "function", "function": {"name": "ls", "parameters": {}}}],
                 tool_choice="required", chat_template_kwargs={"enable_thinking": True})
     # The plain server: one token per chunk, so even the chunking must match exactly.
-    async with live_gateway(sim, routing={"policy": "plain-only"}) as gateway, \
+    async with live_gateway(sim, routing={"policy": "plain-only"}, stock_uvicorn=stock_uvicorn) as gateway, \
             httpx.AsyncClient() as client:
         via_gateway = (await client.post(gateway.url + "/v1/chat/completions", json=body)).content
         body["rid"] = "fixed-rid-2"
@@ -245,9 +246,10 @@ async def test_client_disconnect_before_first_byte(sim) -> None:
 
 
 @pytest.mark.timeout(30)
-async def test_backend_crash_mid_stream_ends_with_an_error_event(sim) -> None:
+@pytest.mark.parametrize("stock_uvicorn", [False, True], ids=["gateway-server", "stock-uvicorn"])
+async def test_backend_crash_mid_stream_ends_with_an_error_event(sim, stock_uvicorn: bool) -> None:
     await sim.servers["mtp"].set_faults(Faults(crash_after_chunks=3))
-    async with live_gateway(sim) as gateway, httpx.AsyncClient() as client:
+    async with live_gateway(sim, stock_uvicorn=stock_uvicorn) as gateway, httpx.AsyncClient() as client:
         response = await client.post(gateway.url + "/v1/chat/completions",
                                      json=chat(max_tokens=50, stream=True))
         events = sse_events(response.content)

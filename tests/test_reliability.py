@@ -75,6 +75,9 @@ class FakeBackend:
         self.loads: object = {"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]}
         self.received: list[tuple[str, list[tuple[str, str]], bytes]] = []
         self.response_headers: dict[str, str] = {}
+        self.flood: tuple[int, int] | None = None  # (events, bytes each): a fast, long stream
+        self.flooded = 0  # events yielded so far
+        self.last_yield_at = 0.0
         routes = [
             Route("/v1/loads", self._loads), Route("/server_info", self._server_info),
             Route("/v1/models", self._models),
@@ -105,6 +108,8 @@ class FakeBackend:
         body = json.loads(self.received[-1][2])
         done = {"id": "fake", "object": "chat.completion.chunk", "model": self.MODEL,
                 "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}
+        if body.get("stream") and self.flood is not None:
+            return StreamingResponse(self._flood(*self.flood), media_type="text/event-stream")
         if body.get("stream"):
             async def events() -> Any:
                 yield b"data: " + json.dumps(done).encode() + b"\n\n"
@@ -114,6 +119,13 @@ class FakeBackend:
         whole = {"id": "fake", "object": "chat.completion", "model": self.MODEL, "choices": [
             {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
         return JSONResponse(whole, headers=self.response_headers)
+
+    async def _flood(self, count: int, size: int) -> Any:
+        for i in range(count):
+            self.last_yield_at = time.monotonic()
+            yield b"data: %08d %s\n\n" % (i, b"x" * size)
+            self.flooded = i + 1
+        yield b"data: [DONE]\n\n"
 
 
 # --- failures before and after the first byte ------------------------------------------------
@@ -188,13 +200,16 @@ async def test_hang_before_first_byte_behind_keepalives_ends_with_an_error_event
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("keepalive_s", [0.0, 0.05], ids=["no_keepalive", "with_keepalive"])
-async def test_idle_timeout_mid_stream_ends_with_an_error_event(keepalive_s: float) -> None:
+@pytest.mark.parametrize("stock_uvicorn", [False, True], ids=["gateway-server", "stock-uvicorn"])
+async def test_idle_timeout_mid_stream_ends_with_an_error_event(keepalive_s: float,
+                                                               stock_uvicorn: bool) -> None:
     """The backend stalls after its first chunks. Keep-alive comments keep the CLIENT's
     proxies from timing out; they must not reset the gateway's own idle deadline on the
     silent BACKEND, or a stalled stream would hang until `total_s`."""
     options = SimOptions(time_scale=0.02, shared_device=False)  # mtp's stall must not block plain
     timeouts = {"keepalive_s": keepalive_s, "idle_s": 0.4, "total_s": 4.0}
-    async with start_sim_pair(options) as pair, live_gateway(pair, timeouts=timeouts) as gateway, \
+    async with start_sim_pair(options) as pair, \
+            live_gateway(pair, timeouts=timeouts, stock_uvicorn=stock_uvicorn) as gateway, \
             httpx.AsyncClient() as client:
         opened = await OpenStream(client, gateway.url + URL, chat(**LONG)).open()
         raw = opened.first
@@ -216,12 +231,14 @@ async def test_idle_timeout_mid_stream_ends_with_an_error_event(keepalive_s: flo
 
 
 @pytest.mark.timeout(30)
-async def test_keepalive_comments_during_a_mid_stream_stall_then_the_full_answer() -> None:
+@pytest.mark.parametrize("stock_uvicorn", [False, True], ids=["gateway-server", "stock-uvicorn"])
+async def test_keepalive_comments_during_a_mid_stream_stall_then_the_full_answer(
+        stock_uvicorn: bool) -> None:
     """Silence after the first token (a long tool-call argument, a stalled step) gets keep-alive
     comments too, not only the wait for the first token; the stream then finishes normally."""
     options = SimOptions(time_scale=0.02, shared_device=False)
     async with start_sim_pair(options) as pair, \
-            live_gateway(pair, timeouts={"keepalive_s": 0.1}) as gateway, \
+            live_gateway(pair, timeouts={"keepalive_s": 0.1}, stock_uvicorn=stock_uvicorn) as gateway, \
             httpx.AsyncClient() as client:
         body = chat(max_tokens=40, stream=True)
         _, reference, _ = await stream(client, gateway, body)
@@ -465,3 +482,31 @@ async def test_state_kept_per_client_stays_bounded(sim) -> None:
         await settled(gateway, 0)
         await wait_until(lambda: not gateway.runtime.proxy.background, timeout=5)
         await idle_engines(sim)
+
+
+# --- a slow client ---------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stock_uvicorn", [False, True], ids=["gateway-server", "stock-uvicorn"])
+async def test_a_slow_client_holds_the_backend_back_instead_of_filling_gateway_memory(
+        stock_uvicorn: bool) -> None:
+    """A client that stops reading a fast stream: the gateway stops reading the backend (TCP
+    pushes back) rather than buffering the stream, then relays every byte once it reads."""
+    fake = FakeBackend()
+    count, size = 4000, 16_000  # 64 MB, far more than the socket buffers on the way
+    fake.flood = (count, size)
+    async with serve_app(fake.app) as fake_url, \
+            live_gateway(None, backends={"mtp": {"url": fake_url}, "plain": {"url": fake_url}},
+                         stock_uvicorn=stock_uvicorn) as gateway, httpx.AsyncClient() as client:
+        async with client.stream("POST", gateway.url + URL, json=chat(stream=True)) as response:
+            raw = response.aiter_raw()
+            received = [await raw.__anext__()]
+            # The backend blocks in its writes for good, or (no pushback) finishes the stream.
+            await wait_until(lambda: fake.flooded == count
+                             or time.monotonic() - fake.last_yield_at > 0.5, timeout=30)
+            assert fake.flooded < count // 2, "the gateway read on while its client did not"
+            received += [chunk async for chunk in raw]
+        events = sse_events(b"".join(received))
+        assert events[-1] == "[DONE]" and len(events) == count + 1
+        assert [int(event[:8]) for event in events[:-1]] == list(range(count))
+        await settled(gateway, 0)

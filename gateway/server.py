@@ -1,0 +1,172 @@
+"""The gateway's HTTP server: uvicorn, with a protocol of our own on two points.
+
+- The request head (request line + headers) is bounded: httptools buffers a header of any
+  size (a 200 MB header costs 200 MB of memory); h11 has a limit of its own.
+- Each request's scope carries a `BodyWriter` (extension `mtp_gateway.body_writer`): the relay
+  writes SSE chunks with it straight to the connection from the upstream's `data_received`,
+  with no coroutine and no ASGI message per chunk (measured in docs/perf/). Under any other
+  server the extension is absent and the relay uses ASGI `send`, the same bytes on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+from gateway.config import Settings
+
+BODY_WRITER = "mtp_gateway.body_writer"
+
+
+class BodyWriter:
+    """Synchronous chunked body writes for one response, after its head went out by ASGI send.
+
+    It writes exactly what uvicorn's `send` writes for `http.response.body` with more_body
+    (one chunked-encoding frame), and like `send`, it writes nothing once the client is gone.
+    The response still ends with an ASGI send, which writes the last frame."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: Any) -> None:
+        self._cycle = cycle
+
+    def usable(self) -> bool:
+        """True once a chunked response has started and is not complete."""
+        cycle = self._cycle
+        return bool(cycle.response_started and cycle.chunked_encoding
+                    and not cycle.response_complete)
+
+    def write(self, data: bytes) -> None:
+        cycle = self._cycle
+        if not cycle.disconnected:
+            cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    @property
+    def paused(self) -> bool:
+        """The client's socket buffer is full: stop feeding it until `drain()`."""
+        return bool(self._cycle.flow.write_paused and not self._cycle.disconnected)
+
+    async def drain(self) -> None:
+        await self._cycle.flow.drain()
+
+
+def gateway_http_protocol(max_head_bytes: int) -> tuple[type[asyncio.Protocol] | str, int]:
+    """Returns (protocol, h11 limit) for uvicorn.Config(http=...)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # no httptools: h11, which bounds the head itself
+        return "h11", max_head_bytes
+
+    from gateway.errors import HeadersTooLarge
+
+    class GatewayHttpProtocol(HttpToolsProtocol):
+        _in_head = True  # the current request's head has not ended yet
+        _head_ended = False  # ... and it ended during this data_received
+        _pending = 0  # bytes received while the head is incomplete: what httptools buffers
+        _head_size = 0  # request line and headers as parsed
+        _refused = False
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            # uvicorn cancels the keep-alive timer only when the connection ends cleanly: a
+            # client that resets it (an agent abandoning a stream) left its protocol, scope
+            # and buffers alive for timeout_keep_alive (75 s), ~5 KB per aborted request.
+            timer = self.timeout_keep_alive_task
+            if timer is not None:
+                timer.cancel()
+                self.timeout_keep_alive_task = None
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            self._head_ended = False
+            super().data_received(data)
+            if self._refused or self._head_ended or not self._in_head:
+                self._pending = 0
+                return
+            self._pending += len(data)
+            if self._pending > max_head_bytes:  # a head still growing: stop buffering it
+                self._refuse()
+
+        def on_message_begin(self) -> None:
+            self._in_head, self._head_size = True, 0
+            super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            self._head_size += len(url)
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._head_size += len(name) + len(value) + 4
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._in_head, self._head_ended = False, True
+            if self._head_size > max_head_bytes:  # a whole head that came in one read
+                self._refuse()
+            if not self._refused:
+                super().on_headers_complete()
+                cycle = self.cycle
+                if cycle is not None and cycle.scope is self.scope:  # made just now (no upgrade):
+                    # its task has not run yet, so the app sees the scope with the writer in it.
+                    self.scope.setdefault("extensions", {})[BODY_WRITER] = BodyWriter(cycle)
+
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if not self._refused:
+                super().on_message_complete()
+
+        def _refuse(self) -> None:
+            self._refused = True
+            self.logger.warning("request head over %d bytes refused", max_head_bytes)
+            if self.cycle is None or self.cycle.response_complete:  # nothing else in flight
+                error = HeadersTooLarge(f"request line and headers exceed {max_head_bytes} bytes")
+                body = error.to_bytes()
+                self.transport.write(
+                    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                    b"content-type: application/json\r\ncontent-length: "
+                    + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+            self.transport.close()
+
+    return GatewayHttpProtocol, max_head_bytes
+
+
+def uvicorn_config(app: object, settings: Settings, log_level: str) -> uvicorn.Config:
+    http, h11_limit = gateway_http_protocol(settings.limits.max_header_bytes)
+    return uvicorn.Config(
+        app, host=settings.listen.host, port=settings.listen.port, log_level=log_level,
+        http=http, h11_max_incomplete_event_size=h11_limit,  # type: ignore[arg-type]
+        access_log=False,  # a log line per request costs more than relaying it
+        # A float: int() made 1.5 s one second, and any grace under 1 s "wait forever".
+        timeout_graceful_shutdown=settings.timeouts.shutdown_grace_s,  # type: ignore[arg-type]
+        timeout_keep_alive=75,
+        # X-Forwarded-* rewriting costs per request and nothing here reads client addresses.
+        proxy_headers=False,
+    )
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn, except that a drained gateway exits 0.
+
+    After its graceful shutdown uvicorn re-raises the signal that stopped it, under the
+    handler that was there before (the default one): the process then dies by SIGTERM
+    (exit -15) although every stream was drained or ended properly."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                captured = getattr(self, "_captured_signals", None)
+                if isinstance(captured, list):
+                    captured.clear()
+
+
