@@ -14,7 +14,7 @@ from gateway.config import ConfigError, Settings, load_settings
 from gateway.server import GatewayServer, uvicorn_config
 
 EXIT_CONFIG = 2
-M_MMAP_THRESHOLD = -3  # glibc's mallopt() parameter number
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt() parameter numbers
 DEFAULT_CONFIG = "config.yaml"
 
 
@@ -67,6 +67,7 @@ def tune_process() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(M_MMAP_THRESHOLD, 4 * 1024 * 1024)
+        libc.mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024)
     except (OSError, AttributeError):
         pass  # not glibc: nothing to tune
     gc.collect()

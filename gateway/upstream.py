@@ -73,14 +73,14 @@ def _target(url: str) -> tuple[Origin, bytes]:
 
 
 def _request_head(method: bytes, path: bytes, origin: Origin, headers: Sequence[Header],
-                  body: bytes | None) -> bytes:
+                  body_length: int | None) -> bytes:
     lines = [b"%s %s HTTP/1.1\r\nhost: %s\r\n" % (method, path, origin.host_header)]
     for name, value in headers:
         if b"\r" in value or b"\n" in value:  # never let a value start a header of its own
             raise UpstreamConnectError(f"header {name.decode('latin-1')} has a line break")
         lines.append(b"%s: %s\r\n" % (name, value))
-    if body is not None:
-        lines.append(b"content-length: %d\r\n" % len(body))
+    if body_length is not None:
+        lines.append(b"content-length: %d\r\n" % body_length)
     lines.append(b"\r\n")
     return b"".join(lines)
 
@@ -254,7 +254,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
 
-    def start(self, request: Sequence[bytes], loop: asyncio.AbstractEventLoop) -> UpstreamResponse:
+    def start(self, request: Sequence[bytes | memoryview],
+              loop: asyncio.AbstractEventLoop) -> UpstreamResponse:
         response = self.response = UpstreamResponse(self, loop)
         self.transport.writelines(request)
         return response
@@ -366,15 +367,16 @@ class Upstream:
         self._started = False
 
     async def send(self, method: str, url: str, headers: Sequence[Header],
-                   body: bytes | None) -> UpstreamResponse:
+                   body: bytes | Sequence[bytes | memoryview] | None) -> UpstreamResponse:
         """Send a request and wait for the response's status and headers (timeouts other than
         connecting are the caller's: cancel the task). A kept-alive connection the backend
         closed just as it was reused is retried once on a new one."""
         if not self._started:
             raise RuntimeError("Upstream used before start()")
         origin, path = _target(url)
-        head = _request_head(method.encode("ascii"), path, origin, headers, body)
-        request = (head, body) if body else (head,)
+        parts = () if body is None else (body,) if isinstance(body, bytes) else tuple(body)
+        length = None if body is None else sum(map(len, parts))
+        request = (_request_head(method.encode("ascii"), path, origin, headers, length), *parts)
         loop = asyncio.get_running_loop()
         connection = self._pool.take(origin, time.monotonic())
         if connection is not None:
@@ -385,7 +387,7 @@ class Upstream:
         connection = await self._connect(origin, loop)
         return await self._exchange(connection, request, loop)
 
-    async def _exchange(self, connection: _Connection, request: Sequence[bytes],
+    async def _exchange(self, connection: _Connection, request: Sequence[bytes | memoryview],
                         loop: asyncio.AbstractEventLoop) -> UpstreamResponse:
         response = connection.start(request, loop)
         try:
