@@ -36,7 +36,8 @@ RID_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 # Request ids: random per process (no clash between gateway replicas), then a counter, so
 # no system call per request; 32 hex characters like SGLang's own.
-_rids = (f"{secrets.randbits(64):016x}{n:016x}" for n in itertools.count())
+_RID_PREFIX = f"{secrets.randbits(64):016x}"
+_rids = (f"{_RID_PREFIX}{n:016x}" for n in itertools.count())
 
 # Never forwarded: they describe this hop, or carry the client's credentials to the gateway.
 _DROP_REQUEST_HEADERS = frozenset({

@@ -92,3 +92,8 @@ def test_client_credentials_and_hop_headers_never_go_upstream() -> None:
     assert forwarded == {b"x-session-id": b"s", b"content-type": b"application/json",
                          b"authorization": b"Bearer backend-key"}
     assert b"authorization" not in dict(upstream_headers(client, api_key=None))
+
+
+def test_request_ids_never_repeat_within_a_process() -> None:
+    rids = [parse(b'{"messages": []}')[0].rid for _ in range(2000)]
+    assert len(set(rids)) == 2000 and all(rid and len(rid) == 32 for rid in rids)
