@@ -30,11 +30,30 @@ class BackendHealth:
 
     up: bool = True
     circuit_open: bool = False
+    half_open: bool = False  # the circuit's open period is over: one trial request may go
+    trial_in_flight: bool = False  # ... and it is on its way: the others still stay away
     effective_cap: int | None = None
     accept_length: float | None = None
     reported_running: int | None = None
     reported_waiting: int | None = None
     reported_at: float = float("-inf")  # monotonic time of the last /v1/loads reading
+
+    @property
+    def accepting(self) -> bool:
+        """May take a new request: up, and its circuit closed or half-open with no trial out."""
+        return self.up and not self.circuit_open and not self.trial_in_flight
+
+    def claim_trial(self) -> bool:
+        """A request is going here: when half-open, it is the trial (True)."""
+        if self.half_open and not self.trial_in_flight:
+            self.trial_in_flight = True
+            return True
+        return False
+
+    def end_trial(self) -> None:
+        """The trial ended without a verdict (the client left first): the next may try."""
+        if self.half_open:
+            self.trial_in_flight = False
 
 
 class SessionMap:
@@ -69,6 +88,7 @@ class Lease:
     router: Router
     decision: Decision
     backend: BackendName
+    trial: bool = False  # the half-open circuit's trial request
     released: bool = field(default=False)
 
     @property
@@ -80,15 +100,23 @@ class Lease:
         """Retry elsewhere before any byte went out: the count follows the request."""
         if self.released or backend == self.backend:
             return
+        self._end_trial()
         self.router.inflight[self.backend] -= 1
         self.router.inflight[backend] += 1
         self.backend = backend
+        self.trial = self.router.health[backend].claim_trial()
 
     def release(self) -> None:
         if not self.released:
             self.released = True
+            self._end_trial()
             self.router.inflight[self.backend] -= 1
             self.router.served[self.backend] += 1
+
+    def _end_trial(self) -> None:
+        if self.trial:
+            self.trial = False
+            self.router.health[self.backend].end_trial()
 
 
 class Router:
@@ -129,7 +157,7 @@ class Router:
         if fresh and health.reported_running is not None:
             reported = health.reported_running + (health.reported_waiting or 0)
         return BackendView(
-            healthy=health.up and not health.circuit_open,
+            healthy=health.accepting,
             inflight=self.inflight[name],
             effective_cap=health.effective_cap,
             reported_load=reported,
@@ -143,7 +171,7 @@ class Router:
         if decision.backend is None:
             return decision
         self.inflight[decision.backend] += 1
-        return Lease(self, decision, decision.backend)
+        return Lease(self, decision, decision.backend, self.health[decision.backend].claim_trial())
 
     def remember_session(self, session: str | None, backend: BackendName) -> None:
         self.sessions.put(session, backend)

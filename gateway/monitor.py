@@ -39,14 +39,17 @@ class CircuitBreaker:
 
     def success(self, backend: BackendName) -> None:
         self.failures[backend] = 0
-        self.router.health[backend].circuit_open = False
+        health = self.router.health[backend]
+        health.circuit_open = health.half_open = health.trial_in_flight = False
         self._cancel_timer(backend)  # else it would cut a later opening short
 
     def failure(self, backend: BackendName) -> None:
         self.failures[backend] += 1
-        if self.failures[backend] >= self.failures_to_open and not self._is_open(backend):
+        health = self.router.health[backend]
+        if health.half_open or (self.failures[backend] >= self.failures_to_open
+                                and not health.circuit_open):
             log.warning("circuit for %s opened after %d failures", backend, self.failures[backend])
-            self.router.health[backend].circuit_open = True
+            health.circuit_open, health.half_open, health.trial_in_flight = True, False, False
             self._cancel_timer(backend)
             loop = asyncio.get_running_loop()
             self._timers[backend] = loop.call_later(self.open_s, self._half_open, backend)
@@ -56,13 +59,11 @@ class CircuitBreaker:
         if timer is not None:
             timer.cancel()
 
-    def _is_open(self, backend: BackendName) -> bool:
-        return self.router.health[backend].circuit_open
-
     def _half_open(self, backend: BackendName) -> None:
-        # Failures stay at the threshold: the next failure reopens at once, a success resets.
+        # One trial request may go: its success closes the circuit, its failure reopens it.
         self._timers.pop(backend, None)
-        self.router.health[backend].circuit_open = False
+        health = self.router.health[backend]
+        health.circuit_open, health.half_open, health.trial_in_flight = False, True, False
 
     def close(self) -> None:
         for timer in self._timers.values():

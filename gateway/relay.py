@@ -116,7 +116,7 @@ class ProxyEndpoint:
             self._check_client_key(headers, settings)
             body = await _read_body(receive, settings.limits.max_body_bytes,
                                     settings.timeouts.idle_s)
-            inbound, data = parse_inbound(
+            inbound = parse_inbound(
                 scope["path"], headers, body,
                 session_headers=settings.routing.session_headers,
                 allow_pin=settings.routing.allow_pin_header,
@@ -207,16 +207,12 @@ class ProxyEndpoint:
         except UpstreamError as exc:
             self._count_failure(lease.backend, exc)
             fallback = other(lease.backend)
-            if exchange.committed or not self._healthy(fallback):
+            if exchange.committed or not self.router.health[fallback].accepting:
                 raise
             self.metrics.retries.labels(lease.backend, fallback).inc()
             log.warning("retrying on %s after %s from %s", fallback, exc.kind, lease.backend)
             lease.move_to(fallback)
             return await self._attempt(exchange, send, settings)
-
-    def _healthy(self, backend: BackendName) -> bool:
-        health = self.router.health[backend]
-        return health.up and not health.circuit_open
 
     async def _attempt(self, exchange: Exchange, send: Send,
                        settings: Settings) -> tuple[UpstreamResponse, bytes]:

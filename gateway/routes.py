@@ -40,7 +40,8 @@ def routing_state(runtime: Any, *, with_urls: bool) -> dict[str, Any]:
         health = r.health[name]
         backends[name] = {
             "inflight": r.inflight[name], "served": r.served[name], "up": health.up,
-            "circuit_open": health.circuit_open, "effective_cap": health.effective_cap,
+            "circuit_open": health.circuit_open, "circuit_half_open": health.half_open,
+            "effective_cap": health.effective_cap,
             "accept_length": health.accept_length, "running": health.reported_running,
             "waiting": health.reported_waiting,
         }

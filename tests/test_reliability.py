@@ -21,8 +21,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.config import Routing
-from gateway.load import Router
+from gateway.load import Lease, Router
 from gateway.monitor import CircuitBreaker
+from gateway.policy import RequestFacts
 from gateway.sim.faults import Faults
 from gateway.sim.server import SimOptions, start_sim_pair
 from tests.conftest import LiveGateway, live_gateway
@@ -440,6 +441,43 @@ async def test_a_success_cancels_the_pending_half_open_of_an_earlier_opening() -
         assert health.circuit_open
         await wait_until(lambda: not health.circuit_open, timeout=open_s * 3)
         assert loop.time() - reopened >= open_s * 0.95, "half-opened by the earlier timer"
+    finally:
+        breaker.close()
+
+
+@pytest.mark.timeout(10)
+async def test_half_open_lets_exactly_one_trial_through_at_a_time() -> None:
+    """After the open period one request tries the backend; the rest keep away until it
+    succeeds (closed) or fails (open again). A trial the client abandons frees the next."""
+    router = Router(Routing())
+    breaker = CircuitBreaker(router, failures_to_open=2, open_s=0.05)
+    health = router.health["mtp"]
+    try:
+        breaker.failure("mtp")
+        breaker.failure("mtp")
+        assert isinstance(lease := router.admit(RequestFacts()), Lease)
+        assert lease.backend == "plain"  # open
+        lease.release()
+        await wait_until(lambda: health.half_open, timeout=2)
+        trial = router.admit(RequestFacts())
+        others = [router.admit(RequestFacts()) for _ in range(3)]
+        assert isinstance(trial, Lease) and trial.backend == "mtp" and trial.trial
+        assert [(o.backend, o.reason) for o in others] == [("plain", "failover")] * 3
+        trial.release()  # no verdict: the client went away first
+        second = router.admit(RequestFacts())
+        assert second.backend == "mtp" and second.trial
+        breaker.failure("mtp")  # the trial failed: open again at once
+        assert health.circuit_open and not health.half_open
+        second.release()
+        await wait_until(lambda: health.half_open, timeout=2)
+        third = router.admit(RequestFacts())
+        assert third.backend == "mtp" and third.trial
+        breaker.success("mtp")
+        assert health.accepting and not health.half_open
+        third.release()
+        for lease in others:
+            lease.release()
+        assert [router.admit(RequestFacts()).backend for _ in range(3)] == ["mtp"] * 3
     finally:
         breaker.close()
 
