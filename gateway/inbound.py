@@ -5,16 +5,21 @@ upstream headers and body. No I/O; the relay calls these once per request.
 from __future__ import annotations
 
 import itertools
+import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-import orjson
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from gateway.config import BACKEND_NAMES, BackendName
 from gateway.errors import BadRequest, UnsupportedMediaType
 
 Headers = list[tuple[bytes, bytes]]
+T = TypeVar("T")
+_EMPTY_REST = re.compile(rb"[ \t\r\n]*}")  # what follows "{" in an empty object (JSON whitespace)
 Body = tuple[bytes | memoryview, ...]  # written upstream one after the other, never joined
 
 # Paths the gateway proxies, and the field each one needs (None: only "a JSON object").
@@ -73,42 +78,81 @@ def check_content_type(headers: Headers) -> None:
         raise UnsupportedMediaType("Content-Type must be application/json")
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    # orjson: a 400 KB agent context parses in 0.13 ms instead of json's 0.34 (measured here).
-    # It is also strict where the backend needs it: invalid UTF-8, and UTF-8-encoded
-    # surrogates (b"\xed\xa0\x80") that would fail in the backend with a 500 and count
-    # against a healthy backend's circuit, are the client's 400 here. JSON is UTF-8 (RFC 8259).
+class RequestFields(msgspec.Struct):
+    """The top-level fields the gateway reads. The rest of the body is checked as JSON and
+    skipped; the big fields (the conversation) stay raw bytes, never become Python objects."""
+
+    model: Any = UNSET
+    stream: Any = UNSET
+    rid: Any = UNSET
+    user: Any = UNSET
+    metadata: Any = UNSET  # Anthropic Messages: metadata.user_id
+    messages: msgspec.Raw | UnsetType = UNSET
+    prompt: msgspec.Raw | UnsetType = UNSET
+    input: msgspec.Raw | UnsetType = UNSET
+
+
+_decode_fields = msgspec.json.Decoder(RequestFields).decode
+_decode_any = msgspec.json.Decoder().decode
+
+
+def _decoded(decode: Callable[[bytes], T], body: bytes) -> T:
+    """JSON is UTF-8 (RFC 8259), checked in full first: msgspec does not look inside the strings
+    it skips, and invalid UTF-8 or UTF-8-encoded surrogates (b"\xed\xa0\x80") would fail in
+    the backend with a 500 that counts against a healthy backend's circuit. They are the
+    client's 400 here. (0.03 ms for 400 KB: CPython's decoder.)"""
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        if "utf-8" in str(exc).lower() or "surrogate" in str(exc).lower():
-            raise BadRequest("request body is not valid UTF-8") from exc
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest("request body is not valid UTF-8") from exc
+    try:
+        return decode(body)
+    except msgspec.ValidationError as exc:  # the only type declared: an object at the top
+        raise BadRequest("request body must be a JSON object") from exc
+    except msgspec.DecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequest("request body is nested too deeply") from exc
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    data = _decoded(_decode_any, body)
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")
     return data
 
 
-def validate_fields(path: str, data: dict[str, Any]) -> None:
+def parse_fields(body: bytes) -> RequestFields:
+    """A 400 KB agent context in 0.25 ms, against 0.54 ms for a full parse with orjson, which
+    also built ~2,500 containers per such body for the collector to walk (measured here)."""
+    return _decoded(_decode_fields, body)
+
+
+def validate_fields(path: str, fields: RequestFields) -> None:
     required = PROXY_PATHS.get(path)
-    if required is not None and required not in data:
+    if required is not None and getattr(fields, required) is UNSET:
         raise BadRequest(f"missing required field '{required}'")
-    for key, kind, label in (("stream", bool, "a boolean"), ("model", str, "a string")):
-        if key in data and data[key] is not None and not isinstance(data[key], kind):
-            raise BadRequest(f"'{key}' must be {label}")
-    if path == "/v1/chat/completions" and not isinstance(data.get("messages"), list):
+    for value, kind, label in ((fields.stream, bool, "stream' must be a boolean"),
+                               (fields.model, str, "model' must be a string")):
+        if value is not UNSET and value is not None and not isinstance(value, kind):
+            raise BadRequest(f"'{label}")
+    if path == "/v1/chat/completions" and not _is_array(fields.messages):
         raise BadRequest("'messages' must be an array")
 
 
-def session_of(headers: Headers, data: dict[str, Any], session_headers: tuple[str, ...]) -> str | None:
+def _is_array(raw: msgspec.Raw | UnsetType) -> bool:
+    return raw is not UNSET and memoryview(raw)[:1] == b"["
+
+
+def session_of(headers: Headers, fields: RequestFields, session_headers: tuple[str, ...]) -> str | None:
     for name in session_headers:
         value = header(headers, name.lower().encode("latin-1"))
         if value:
             return value
-    user = data.get("user")
+    user = fields.user
     if isinstance(user, str) and user:
         return user
-    metadata = data.get("metadata")  # Anthropic Messages: metadata.user_id
+    metadata = fields.metadata
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         return metadata["user_id"]
     return None
@@ -123,41 +167,39 @@ def pin_of(headers: Headers, allowed: bool) -> BackendName | None:
     return value  # type: ignore[return-value]
 
 
-def with_rid(body: bytes, data: dict[str, Any]) -> tuple[Body, str | None]:
+def with_rid(body: bytes, fields: RequestFields) -> tuple[Body, str | None]:
     """Give the request an id SGLang will use, by splicing bytes rather than re-encoding: the
     id goes in a small piece of its own, the client's bytes follow as a view (no copy)."""
-    if "rid" in data:
-        existing = data["rid"]
+    if fields.rid is not UNSET:
+        existing = fields.rid
         return (body,), existing if isinstance(existing, str) and existing else None
     if not body.lstrip().startswith(b"{"):
         return (body,), None  # e.g. UTF-16: leave it alone rather than guess
     rid = next(_rids)
     start = body.index(b"{") + 1
-    separator = b"," if data else b""
+    separator = b"" if _EMPTY_REST.match(body, start) else b","
     head = b'%s"rid":"%s"%s' % (body[:start], rid.encode(), separator)
     return (head, memoryview(body)[start:]), rid
 
 
 def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: tuple[str, ...],
-                  allow_pin: bool) -> tuple[Inbound, dict[str, Any]]:
+                  allow_pin: bool) -> Inbound:
     check_content_type(headers)
-    data = parse_json_object(body)
-    validate_fields(path, data)
+    fields = parse_fields(body)
+    validate_fields(path, fields)
     rid = None
     parts: Body = (body,)
     if path in RID_PATHS:
-        parts, rid = with_rid(body, data)
-    model = data.get("model")
-    inbound = Inbound(
+        parts, rid = with_rid(body, fields)
+    return Inbound(
         path=path,
         body=parts,
-        stream=bool(data.get("stream")),
-        model=model if isinstance(model, str) else None,
-        session=session_of(headers, data, session_headers),
+        stream=fields.stream is True,
+        model=fields.model if isinstance(fields.model, str) else None,
+        session=session_of(headers, fields, session_headers),
         pin=pin_of(headers, allow_pin),
         rid=rid,
     )
-    return inbound, data
 
 
 def upstream_headers(headers: Headers, api_key: str | None) -> list[tuple[bytes, bytes]]:
