@@ -61,7 +61,7 @@ def gateway_http_protocol(max_head_bytes: int) -> tuple[type[asyncio.Protocol] |
     except ImportError:  # no httptools: h11, which bounds the head itself
         return "h11", max_head_bytes
 
-    from gateway.errors import HeadersTooLarge
+    from gateway.errors import BadRequest, GatewayError, HeadersTooLarge
 
     class GatewayHttpProtocol(HttpToolsProtocol):
         _in_head = True  # the current request's head has not ended yet
@@ -127,12 +127,19 @@ def gateway_http_protocol(max_head_bytes: int) -> tuple[type[asyncio.Protocol] |
             self._refused = True
             self.logger.warning("request head over %d bytes refused", max_head_bytes)
             if self.cycle is None or self.cycle.response_complete:  # nothing else in flight
-                error = HeadersTooLarge(f"request line and headers exceed {max_head_bytes} bytes")
-                body = error.to_bytes()
-                self.transport.write(
-                    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-                    b"content-type: application/json\r\ncontent-length: "
-                    + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+                self._answer_and_close(b"431 Request Header Fields Too Large", HeadersTooLarge(
+                    f"request line and headers exceed {max_head_bytes} bytes"))
+            self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            """Unparseable HTTP: OpenAI-shaped like every other error, not uvicorn's plain text."""
+            self._answer_and_close(b"400 Bad Request", BadRequest(f"malformed HTTP request: {msg}"))
+
+        def _answer_and_close(self, status: bytes, error: GatewayError) -> None:
+            body = error.to_bytes()
+            self.transport.write(
+                b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n%s" % (status, len(body), body))
             self.transport.close()
 
     return GatewayHttpProtocol, max_head_bytes
