@@ -92,8 +92,7 @@ class UpstreamResponse:
     with one (`pump`), every piece goes straight to the sink, in the same callback."""
 
     __slots__ = ("status", "headers", "_raw_headers", "_connection", "_loop", "_head_done",
-                 "_buffer", "_buffered", "_waiter", "_done", "_error", "_sink", "_paused", "_framed",
-                 "got_bytes")
+                 "_buffer", "_buffered", "_waiter", "_done", "_error", "_sink", "_paused", "_framed")
 
     def __init__(self, connection: _Connection, loop: asyncio.AbstractEventLoop) -> None:
         self.status = 0
@@ -110,7 +109,6 @@ class UpstreamResponse:
         self._sink: Sink | None = None
         self._paused = False
         self._framed = False  # Content-Length or chunked: the end is not the connection's end
-        self.got_bytes = False
 
     # --- the reader's side ------------------------------------------------------------------
 
@@ -205,7 +203,6 @@ class UpstreamResponse:
         self._wake()
 
     def _deliver(self, data: bytes) -> None:
-        self.got_bytes = True
         sink = self._sink
         if sink is None:
             self._buffer.append(data)
@@ -304,7 +301,8 @@ class _Connection(asyncio.Protocol):
         response, self.response = self.response, None
         if response is None:
             return
-        keep = self.parser.should_keep_alive()
+        # Reusable only when the whole request went out too (a backend may answer early).
+        keep = self.parser.should_keep_alive() and not self.transport.get_write_buffer_size()
         response._complete()
         if keep:
             self.pool.release(self)
