@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,29 +30,35 @@ class BodyWriter:
     (one chunked-encoding frame), and like `send`, it writes nothing once the client is gone.
     The response still ends with an ASGI send, which writes the last frame."""
 
-    __slots__ = ("_cycle",)
+    __slots__ = ("_cycle_ref",)
 
     def __init__(self, cycle: Any) -> None:
-        self._cycle = cycle
+        # Weak: the cycle's scope holds this writer, and a strong reference back would make
+        # every request's cycle, scope and buffers garbage that only a full GC frees (measured:
+        # 30-45k objects per collection at 128 streams, and 30-55 ms pauses).
+        self._cycle_ref = weakref.ref(cycle)
 
     def usable(self) -> bool:
         """True once a chunked response has started and is not complete."""
-        cycle = self._cycle
-        return bool(cycle.response_started and cycle.chunked_encoding
+        cycle = self._cycle_ref()
+        return bool(cycle is not None and cycle.response_started and cycle.chunked_encoding
                     and not cycle.response_complete)
 
     def write(self, data: bytes) -> None:
-        cycle = self._cycle
-        if not cycle.disconnected:
+        cycle = self._cycle_ref()
+        if cycle is not None and not cycle.disconnected:
             cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
     @property
     def paused(self) -> bool:
         """The client's socket buffer is full: stop feeding it until `drain()`."""
-        return bool(self._cycle.flow.write_paused and not self._cycle.disconnected)
+        cycle = self._cycle_ref()
+        return bool(cycle is not None and cycle.flow.write_paused and not cycle.disconnected)
 
     async def drain(self) -> None:
-        await self._cycle.flow.drain()
+        cycle = self._cycle_ref()
+        if cycle is not None:
+            await cycle.flow.drain()
 
 
 def gateway_http_protocol(max_head_bytes: int) -> tuple[type[asyncio.Protocol] | str, int]:

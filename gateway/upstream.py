@@ -171,6 +171,7 @@ class UpstreamResponse:
         """Done with this response. Unfinished, its connection is dropped: the backend sees
         the stream end and stops generating."""
         connection, self._connection = self._connection, None
+        self._sink = None
         if connection is not None and not self._done:
             connection.drop()
         if self._error is None and not self._done:
@@ -219,6 +220,7 @@ class UpstreamResponse:
 
     def _complete(self) -> None:
         self._done = True
+        self._sink = None  # it closes over this response: no cycle left for the GC to find
         connection, self._connection = self._connection, None  # the pool's again, or closed
         if self._paused and connection is not None:  # paused by the sink on the last piece
             self._paused = False
@@ -228,6 +230,7 @@ class UpstreamResponse:
     def _fail(self, error: GatewayError) -> None:
         if not self._done and self._error is None:
             self._error = error
+        self._sink = None
         self._wake()
 
     def _connection_ended(self) -> None:

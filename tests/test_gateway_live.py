@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import re
 import time
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -416,3 +418,31 @@ async def test_a_failure_that_cannot_be_retried_counts_once(sim) -> None:
         assert gateway.runtime.breaker.failures["mtp"] == 1
         metrics = (await client.get(gateway.url + "/metrics")).text
         assert 'gateway_upstream_errors_total{backend="mtp",kind="status_5xx"} 1.0' in metrics
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stock_uvicorn", [False, True], ids=["gateway-server", "stock-uvicorn"])
+async def test_a_finished_request_leaves_no_reference_cycle_behind(sim, stock_uvicorn: bool) -> None:
+    """Reference counting must free a relayed request when it ends. Cyclic garbage waits for a
+    full collection: at 128 streams a request cycle through the body writer made 30-45k such
+    objects per collection and 30-55 ms pauses in every stream (the TTFT p99)."""
+    ours = {"RequestResponseCycle", "UpstreamResponse", "_Connection", "Exchange", "BodyWriter",
+            "Watchdog", "Lease", "Inbound"}
+    async with live_gateway(sim, stock_uvicorn=stock_uvicorn) as gateway, \
+            httpx.AsyncClient() as client:
+        url = gateway.url + "/v1/chat/completions"
+        await client.post(url, json=chat(stream=True))  # warm: pools, lazily built objects
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # unreachable cycles go to gc.garbage, kept for a look
+        try:
+            for stream in (True, False, True, True):
+                assert (await client.post(url, json=chat(stream=stream))).status_code == 200
+            await settled(gateway, 0)
+            gc.collect()
+            cyclic = Counter(type(o).__name__ for o in gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    assert not ours & set(cyclic), cyclic.most_common(20)
