@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from typing import Any
 
@@ -77,6 +78,8 @@ class FakeBackend:
         self.received: list[tuple[str, list[tuple[str, str]], bytes]] = []
         self.response_headers: dict[str, str] = {}
         self.flood: tuple[int, int] | None = None  # (events, bytes each): a fast, long stream
+        self.pieces: list[bytes] | None = None  # a stream sent in these writes, one at a time
+        self.die_after_pieces = False  # ... then the backend dies without ending the stream
         self.flooded = 0  # events yielded so far
         self.last_yield_at = 0.0
         routes = [
@@ -109,6 +112,8 @@ class FakeBackend:
         body = json.loads(self.received[-1][2])
         done = {"id": "fake", "object": "chat.completion.chunk", "model": self.MODEL,
                 "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}
+        if body.get("stream") and self.pieces is not None:
+            return StreamingResponse(self._pieces(), media_type="text/event-stream")
         if body.get("stream") and self.flood is not None:
             return StreamingResponse(self._flood(*self.flood), media_type="text/event-stream")
         if body.get("stream"):
@@ -120,6 +125,13 @@ class FakeBackend:
         whole = {"id": "fake", "object": "chat.completion", "model": self.MODEL, "choices": [
             {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
         return JSONResponse(whole, headers=self.response_headers)
+
+    async def _pieces(self) -> Any:
+        for piece in self.pieces or []:
+            yield piece
+            await asyncio.sleep(0.002)  # its own write and, mostly, its own read at the gateway
+        if self.die_after_pieces:
+            raise ConnectionAbortedError("the backend process died")  # uvicorn drops the socket
 
     async def _flood(self, count: int, size: int) -> Any:
         for i in range(count):
@@ -547,4 +559,46 @@ async def test_a_slow_client_holds_the_backend_back_instead_of_filling_gateway_m
         events = sse_events(b"".join(received))
         assert events[-1] == "[DONE]" and len(events) == count + 1
         assert [int(event[:8]) for event in events[:-1]] == list(range(count))
+        await settled(gateway, 0)
+
+
+# --- events split anywhere by the backend ----------------------------------------------------
+
+def _sse_stream(events: int) -> list[bytes]:
+    chunk = {"id": "fake", "object": "chat.completion.chunk", "model": FakeBackend.MODEL,
+             "choices": [{"index": 0, "delta": {"content": "tok"}, "finish_reason": None}]}
+    out = [b"data: " + json.dumps(chunk).encode() + b"\n\n" for _ in range(events - 1)]
+    chunk["choices"][0]["finish_reason"] = "stop"
+    return [*out, b"data: " + json.dumps(chunk).encode() + b"\n\n", b"data: [DONE]\n\n"]
+
+
+def _cut(data: bytes, cuts: int, seed: int) -> list[bytes]:
+    points = sorted(random.Random(seed).sample(range(1, len(data)), cuts))
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stock_uvicorn", [False, True], ids=["gateway-server", "stock-uvicorn"])
+async def test_events_split_anywhere_by_the_backend_reach_the_client_whole(stock_uvicorn: bool) -> None:
+    """The backend's writes cut events (and their blank line) at arbitrary bytes. A finished
+    stream arrives byte for byte; one the backend abandons mid-event ends with whole events
+    only, then the error event and [DONE]: never a torn event the client cannot parse."""
+    events = _sse_stream(30)
+    whole = b"".join(events)
+    fake = FakeBackend()
+    async with serve_app(fake.app) as fake_url, \
+            live_gateway(None, backends={"mtp": {"url": fake_url}, "plain": {"url": fake_url}},
+                         stock_uvicorn=stock_uvicorn) as gateway, httpx.AsyncClient() as client:
+        for seed in range(3):
+            fake.pieces, fake.die_after_pieces = _cut(whole, 60, seed), False
+            response = await client.post(gateway.url + URL, json=chat(stream=True))
+            assert response.content == whole, seed
+
+            died_at = len(b"".join(events[:15])) + 40  # inside the 16th event
+            fake.pieces, fake.die_after_pieces = _cut(whole[:died_at], 30, seed), True
+            response = await client.post(gateway.url + URL, json=chat(stream=True))
+            error = ending(response.content)
+            assert error is not None and error["code"] == "upstream_stream_broken", error
+            assert response.content.startswith(b"".join(events[:15]))
+            assert len(sse_events(response.content)) == 15 + 2  # whole events, error, [DONE]
         await settled(gateway, 0)
