@@ -117,3 +117,16 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamBroken(UpstreamError):
     code, kind = "upstream_stream_broken", "broken_stream"
+
+
+def openai_shaped(body: bytes) -> bytes:
+    """A backend's HTTP error body in OpenAI's shape. SGLang answers with a flat object
+    (`{"object": "error", "message", "type", "param", "code"}`); OpenAI clients look under
+    "error". Wrapped with every field kept; any other body passes unchanged."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(data, dict) or data.get("object") != "error" or "message" not in data:
+        return body
+    return json.dumps({"error": {k: v for k, v in data.items() if k != "object"}}).encode()

@@ -35,6 +35,7 @@ from gateway.errors import (
     UpstreamBroken,
     UpstreamError,
     UpstreamTimeout,
+    openai_shaped,
 )
 from gateway.inbound import Headers, Inbound, bearer_token, parse_inbound, upstream_headers
 from gateway.load import Lease, Router
@@ -364,8 +365,8 @@ class ProxyEndpoint:
 
     async def _pass_error(self, exchange: Exchange, send: Send, response: UpstreamResponse,
                           first: bytes) -> None:
-        """The backend's own 4xx answer goes to the client unchanged."""
-        body = first + await response.read()
+        """The backend's own 4xx answer goes to the client, in OpenAI's error shape."""
+        body = openai_shaped(first + await response.read())
         headers = [*response.headers, (b"content-length", str(len(body)).encode())]
         await self._commit(exchange, send, response.status, headers, [])
         await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -446,3 +446,21 @@ async def test_a_finished_request_leaves_no_reference_cycle_behind(sim, stock_uv
             gc.garbage.clear()
             gc.enable()
     assert not ours & set(cyclic), cyclic.most_common(20)
+
+
+@pytest.mark.timeout(30)
+async def test_a_backend_4xx_reaches_the_client_openai_shaped_and_spares_the_circuit(sim) -> None:
+    """SGLang answers a bad request with a flat error object; OpenAI clients read `error`."""
+    async with live_gateway(sim) as gateway, httpx.AsyncClient() as client:
+        direct = await client.post(sim.urls["mtp"] + "/v1/chat/completions", json=chat(rid=5))
+        assert direct.status_code == 400 and direct.json()["object"] == "error"  # SGLang's shape
+        response = await client.post(gateway.url + "/v1/chat/completions", json=chat(rid=5))
+        assert response.status_code == 400
+        flat = {k: v for k, v in direct.json().items() if k != "object"}
+        assert response.json() == {"error": flat}
+        assert gateway.runtime.breaker.failures["mtp"] == 0  # the client's mistake, not mtp's
+        client_error = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused")
+        with pytest.raises(openai.BadRequestError) as raised:
+            await client_error.chat.completions.create(**chat(), extra_body={"rid": 5})
+        assert raised.value.message == f"Error code: 400 - {flat['message']}"
+        await client_error.close()
