@@ -206,14 +206,34 @@ class ProxyEndpoint:
         try:
             return await self._attempt(exchange, send, settings)
         except UpstreamError as exc:
-            self._count_failure(lease.backend, exc)
-            fallback = other(lease.backend)
+            first, fallback = lease.backend, other(lease.backend)
             if exchange.committed or not self.router.health[fallback].accepting:
+                self._count_failure(first, exc)
                 raise
-            self.metrics.retries.labels(lease.backend, fallback).inc()
-            log.warning("retrying on %s after %s from %s", fallback, exc.kind, lease.backend)
+            self.metrics.retries.labels(first, fallback).inc()
+            log.warning("retrying on %s after %s from %s", fallback, exc.kind, first)
             lease.move_to(fallback)
-            return await self._attempt(exchange, send, settings)
+            # A 5xx is judged by the retry: if the other server fails the same request with a
+            # 5xx too, the request is the cause (or both queues are full), not a broken server.
+            # Counted against neither circuit, or a few such requests would open both and
+            # turn every client away with 503s.
+            judged = isinstance(exc, UpstreamStatus)
+            if not judged:
+                self._count_failure(first, exc)
+            try:
+                result = await self._attempt(exchange, send, settings)
+            except UpstreamStatus as again:
+                if judged:
+                    self._count_failure(first, exc, against_circuit=False)
+                    self._count_failure(fallback, again, against_circuit=False)
+                raise
+            except BaseException:
+                if judged:
+                    self._count_failure(first, exc)
+                raise
+            if judged:
+                self._count_failure(first, exc)
+            return result
 
     async def _attempt(self, exchange: Exchange, send: Send,
                        settings: Settings) -> tuple[UpstreamResponse, bytes]:
@@ -412,10 +432,12 @@ class ProxyEndpoint:
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    def _count_failure(self, backend: BackendName, exc: GatewayError) -> None:
+    def _count_failure(self, backend: BackendName, exc: GatewayError, *,
+                       against_circuit: bool = True) -> None:
         exc.counted = True  # whatever path it ends by, a failure is counted once
         self.metrics.upstream_errors.labels(backend, exc.kind).inc()
-        self.breaker.failure(backend)
+        if against_circuit:
+            self.breaker.failure(backend)
 
     def _count_usage(self, exchange: Exchange) -> None:
         match = _USAGE.search(b"".join(exchange.last_chunks))

@@ -80,6 +80,7 @@ class FakeBackend:
         self.flood: tuple[int, int] | None = None  # (events, bytes each): a fast, long stream
         self.pieces: list[bytes] | None = None  # a stream sent in these writes, one at a time
         self.die_after_pieces = False  # ... then the backend dies without ending the stream
+        self.poison: bytes | None = None  # requests containing these bytes get SGLang's 500
         self.flooded = 0  # events yielded so far
         self.last_yield_at = 0.0
         routes = [
@@ -109,7 +110,11 @@ class FakeBackend:
 
     async def _generate(self, request: Request) -> Response:
         await self._record(request)
-        body = json.loads(self.received[-1][2])
+        raw = self.received[-1][2]
+        if self.poison is not None and self.poison in raw:
+            return JSONResponse({"object": "error", "message": "Internal server error: boom",
+                                 "type": "InternalServerError", "param": None, "code": 500}, 500)
+        body = json.loads(raw)
         done = {"id": "fake", "object": "chat.completion.chunk", "model": self.MODEL,
                 "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}
         if body.get("stream") and self.pieces is not None:
@@ -455,6 +460,32 @@ async def test_a_success_cancels_the_pending_half_open_of_an_earlier_opening() -
         assert loop.time() - reopened >= open_s * 0.95, "half-opened by the earlier timer"
     finally:
         breaker.close()
+
+
+@pytest.mark.timeout(30)
+async def test_requests_that_fail_on_both_servers_open_neither_circuit() -> None:
+    """A request that makes SGLang fail (its content, or both queues full) fails on the retry
+    too. Counting that against the circuits would let a handful of such requests open both
+    and turn every other client away with 503s."""
+    fake = FakeBackend()
+    fake.poison = b"make-it-fail"
+    async with serve_app(fake.app) as fake_url:
+        backends = {"mtp": {"url": fake_url}, "plain": {"url": fake_url}}
+        async with live_gateway(None, backends=backends,
+                                monitor={"circuit_failures": 3, "circuit_open_s": 60}) as gateway, \
+                httpx.AsyncClient() as client:
+            for stream in (False, True) * 4:
+                failed = await client.post(gateway.url + URL,
+                                           json=chat(stream=stream, user="make-it-fail"))
+                assert failed.status_code == 500
+                assert failed.json()["error"]["code"] == "upstream_error"
+            health = gateway.router.health
+            assert not health["mtp"].circuit_open and not health["plain"].circuit_open
+            served = await client.post(gateway.url + URL, json=chat())
+            assert served.status_code == 200 and served.headers["x-gateway-backend"] == "mtp"
+            metrics = (await client.get(gateway.url + "/metrics")).text
+            assert 'gateway_upstream_errors_total{backend="mtp",kind="status_5xx"} 8.0' in metrics
+            await settled(gateway, 0)
 
 
 @pytest.mark.timeout(10)
