@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -257,3 +258,38 @@ async def test_paused_reading_pushes_back_on_the_backend() -> None:
         while not await response.pumped():  # read on, a piece at a time, to the end
             response.resume_reading()
         assert sum(received) == 2000 * len(piece)
+
+
+@pytest.mark.timeout(10)
+async def test_an_https_backend_is_verified_against_the_trusted_certificates(monkeypatch) -> None:
+    """TLS to a backend verifies its certificate with the system's trust store, which
+    SSL_CERT_FILE extends (how a deployment adds an internal CA)."""
+    import trustme
+
+    ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_tls)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "localhost", 0, ssl=server_tls)
+    url = f"https://localhost:{server.sockets[0].getsockname()[1]}/v1/loads"
+    try:
+        untrusting = Upstream(connect_timeout_s=2)
+        await untrusting.start()
+        with pytest.raises(UpstreamConnectError, match="cannot connect"):
+            await untrusting.request("GET", url, [], None, 2)
+        await untrusting.close()
+
+        with ca.cert_pem.tempfile() as ca_file:
+            monkeypatch.setenv("SSL_CERT_FILE", ca_file)
+            trusting = Upstream(connect_timeout_s=2)
+            await trusting.start()
+            assert await trusting.request("GET", url, [], None, 2) == (200, b"ok")
+            await trusting.close()
+    finally:
+        server.close()
