@@ -217,23 +217,16 @@ class ProxyEndpoint:
             # 5xx too, the request is the cause (or both queues are full), not a broken server.
             # Counted against neither circuit, or a few such requests would open both and
             # turn every client away with 503s.
-            judged = isinstance(exc, UpstreamStatus)
-            if not judged:
-                self._count_failure(first, exc)
+            first_to_blame = True
             try:
-                result = await self._attempt(exchange, send, settings)
+                return await self._attempt(exchange, send, settings)
             except UpstreamStatus as again:
-                if judged:
-                    self._count_failure(first, exc, against_circuit=False)
+                if isinstance(exc, UpstreamStatus):
+                    first_to_blame = False
                     self._count_failure(fallback, again, against_circuit=False)
                 raise
-            except BaseException:
-                if judged:
-                    self._count_failure(first, exc)
-                raise
-            if judged:
-                self._count_failure(first, exc)
-            return result
+            finally:
+                self._count_failure(first, exc, against_circuit=first_to_blame)
 
     async def _attempt(self, exchange: Exchange, send: Send,
                        settings: Settings) -> tuple[UpstreamResponse, bytes]:

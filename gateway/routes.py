@@ -32,6 +32,12 @@ def require_admin(request: Request) -> None:
         raise Unauthorized("invalid or missing admin key")
 
 
+def require_metrics_access(request: Request) -> None:
+    """Metrics and the dashboard: public unless auth.metrics_public is off."""
+    if not _runtime(request).settings.auth.metrics_public:
+        require_admin(request)
+
+
 def routing_state(runtime: Any, *, with_urls: bool) -> dict[str, Any]:
     """The router's state as JSON: what /admin/state and the dashboard show."""
     r = runtime.router
@@ -70,9 +76,8 @@ async def health(request: Request) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
+    require_metrics_access(request)
     runtime = _runtime(request)
-    if not runtime.settings.auth.metrics_public:
-        require_admin(request)
     return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -94,17 +99,13 @@ async def admin_state(request: Request) -> JSONResponse:
 
 @router.get("/dashboard/state")
 async def dashboard_state(request: Request) -> JSONResponse:
-    runtime = _runtime(request)
-    if not runtime.settings.auth.metrics_public:
-        require_admin(request)
-    return JSONResponse(routing_state(runtime, with_urls=False))
+    require_metrics_access(request)
+    return JSONResponse(routing_state(_runtime(request), with_urls=False))
 
 
 @router.get("/dashboard")
 async def dashboard(request: Request) -> HTMLResponse:
-    runtime = _runtime(request)
-    if not runtime.settings.auth.metrics_public:
-        require_admin(request)
+    require_metrics_access(request)
     return HTMLResponse(DASHBOARD_HTML)
 
 
