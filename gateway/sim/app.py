@@ -222,11 +222,12 @@ class SimApp:
         tools = body.get("tools")
         try:
             text = chat_prompt_text(body.get("messages"), tools)
+            tool = forced_tool(tools, body.get("tool_choice"))
+            thinking = thinking_requested(body)
         except ValueError as exc:
             raise RequestError(str(exc)) from exc
         max_tokens = max_tokens_of(body, "max_completion_tokens", "max_tokens")
-        tool = forced_tool(tools, body.get("tool_choice"))
-        return self._job(body, text, token_ids(text), max_tokens, thinking_requested(body), tool)
+        return self._job(body, text, token_ids(text), max_tokens, thinking, tool)
 
     def _parse_completion(self, body: dict[str, Any]) -> formats.Job:
         prompt = body.get("prompt")
@@ -574,11 +575,18 @@ def forced_tool(tools: Any, tool_choice: Any) -> str | None:
     if not isinstance(tools, list) or not tools:
         return None
     if isinstance(tool_choice, dict):
-        return str((tool_choice.get("function") or {}).get("name") or "") or None
+        return str(_function_of(tool_choice).get("name") or "") or None
     if tool_choice == "required":
         first = tools[0] if isinstance(tools[0], dict) else {}
-        return str((first.get("function") or {}).get("name") or "tool")
+        return str(_function_of(first).get("name") or "tool")
     return None
+
+
+def _function_of(entry: dict[str, Any]) -> dict[str, Any]:
+    function = entry.get("function") or {}
+    if not isinstance(function, dict):
+        raise ValueError("'function' must be an object")
+    return function
 
 
 async def collect(first: Output, queue: asyncio.Queue[Output]) -> tuple[int, str]:

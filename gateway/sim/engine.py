@@ -34,7 +34,6 @@ class Request:
     prompt: Sequence[int]
     output_len: int
     greedy: bool = False  # temperature 0: on a repeated-token prompt every draft is right
-    accept_prob: float | None = None  # overrides the profile's draft acceptance probability
 
 
 @dataclass(frozen=True)
@@ -226,8 +225,6 @@ class Engine:
                 pool.remove(seq)
 
     def _accept_prob(self, request: Request) -> float:
-        if request.accept_prob is not None:
-            return request.accept_prob
         repetitive = request.greedy and len(set(request.prompt[:256])) == 1
         return self.profile.accept_prob_repetitive if repetitive else self.profile.accept_prob
 

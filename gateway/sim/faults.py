@@ -45,12 +45,26 @@ class Faults:
         unknown = set(raw) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown fault fields: {sorted(unknown)}")
+        for field in dataclasses.fields(cls):
+            if field.name in raw and not _has_type(raw[field.name], field.type):
+                raise ValueError(f"{field.name} must be {field.type}")
         faults = cls(**raw)
         if faults.slow_factor <= 0:
             raise ValueError("slow_factor must be > 0")
         if faults.fail_status is not None and not 400 <= faults.fail_status <= 599:
             raise ValueError("fail_status must be an HTTP error status")
         return faults
+
+
+def _has_type(value: Any, annotation: str) -> bool:
+    """JSON value against a field's annotation ("int | None", "float", "bool", ...)."""
+    if value is None:
+        return "None" in annotation
+    if isinstance(value, bool):  # JSON true is no count
+        return annotation.startswith("bool")
+    if isinstance(value, int):
+        return annotation.startswith(("int", "float"))
+    return isinstance(value, float) and annotation.startswith("float")
 
 
 class FaultState:
@@ -74,6 +88,10 @@ class FaultState:
             self._unhung.set()
         if self._on_refuse is not None and faults.refuse_connections != refusing_before:
             await self._on_refuse(faults.refuse_connections)
+        pending = self._restore_task
+        if pending is not None and pending is not asyncio.current_task():
+            pending.cancel()  # a timer from an earlier fault must not end this one
+        self._restore_task = None
         if faults.refuse_connections and faults.restore_after_s is not None:
             self._restore_task = asyncio.create_task(self._restore_later(faults.restore_after_s))
 

@@ -102,16 +102,18 @@ class Renderer:
         return min(self.generated, self.job.plan.reasoning_tokens)
 
 
+def _chunk_head(job: Job, object_name: str) -> str:
+    """`data: {"id":...,"object":...,"created":...,"model":...,"choices":` of every chunk."""
+    return (f'data: {{"id":{json.dumps(job.rid)},"object":"{object_name}",'
+            f'"created":{job.created},"model":{json.dumps(job.model)},"choices":')
+
+
 class ChatRenderer(Renderer):
     """``/v1/chat/completions`` chunks: role, content (several tokens per MTP chunk), finish, usage."""
 
     def __init__(self, job: Job) -> None:
         super().__init__(job)
-        model = json.dumps(job.model)
-        head = (
-            f'data: {{"id":"{job.rid}","object":"chat.completion.chunk","created":{job.created},'
-            f'"model":{model},"choices":'
-        )
+        head = _chunk_head(job, "chat.completion.chunk")
         self._head = head + '[{"index":0,"delta":'
         self._usage_head = head + '[],"usage":'
         self._tail = ',"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
@@ -155,13 +157,10 @@ class CompletionRenderer(Renderer):
 
     def __init__(self, job: Job) -> None:
         super().__init__(job)
-        model = json.dumps(job.model)
-        head = (
-            f'data: {{"id":"{job.rid}","object":"text_completion","created":{job.created},'
-            f'"model":{model},"choices":'
-        )
+        head = _chunk_head(job, "text_completion")
         self._head = head + '[{"index":0,"text":"'
         self._usage_head = head + '[],"usage":'
+        self._open_tail = '","logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
         self._pending: list[str] = []
 
     def output(self, output: Output) -> list[bytes]:
@@ -173,9 +172,10 @@ class CompletionRenderer(Renderer):
         return [self._chunk(text, None)]
 
     def _chunk(self, text: str, reason: str | None) -> bytes:
-        finish = "null" if reason is None else f'"{reason}"'
-        stop = compact(matched_stop(reason or ""))
-        tail = f'","logprobs":null,"finish_reason":{finish},"matched_stop":{stop}}}]}}\n\n'
+        if reason is None:  # every chunk but the last: the tail is always the same
+            return (self._head + text + self._open_tail).encode()
+        stop = compact(matched_stop(reason))
+        tail = f'","logprobs":null,"finish_reason":"{reason}","matched_stop":{stop}}}]}}\n\n'
         return (self._head + text + tail).encode()
 
     def end(self, engine_reason: str) -> list[bytes]:

@@ -45,7 +45,10 @@ def chat_prompt_text(messages: Any, tools: Any = None) -> str:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ValueError("each message needs a 'role'")
         body = content_text(message.get("content"))
-        for call in message.get("tool_calls") or ():
+        calls = message.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise ValueError("'tool_calls' must be a list")
+        for call in calls:
             body += f" {call}"
         parts.append(f"<|im_start|>{message['role']} {body}<|im_end|>")
     parts.append("<|im_start|>assistant")
@@ -135,4 +138,6 @@ def split_answer(plan: Plan, generated: int) -> tuple[str, str]:
 
 def thinking_requested(body: Mapping[str, Any]) -> bool:
     kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ValueError("'chat_template_kwargs' must be an object")
     return bool(kwargs.get("enable_thinking") or kwargs.get("thinking"))

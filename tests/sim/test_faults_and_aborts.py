@@ -177,3 +177,42 @@ async def test_bad_fault_bodies_are_rejected(pair):
     async with httpx.AsyncClient() as http:
         response = await http.post(pair.urls["mtp"] + "/sim/faults", json={"crash": 1})
     assert response.status_code == 400 and "unknown fault fields" in response.json()["message"]
+
+
+async def test_bad_fault_values_and_wrongly_shaped_requests_are_400s(pair):
+    """Fault fields of the wrong JSON type, and valid JSON of the wrong shape, are the caller's
+    400, not a 500 or (for a fault) a server that then answers every stream with nothing."""
+    url = pair.urls["mtp"]
+    async with httpx.AsyncClient() as http:
+        for fault in ({"crash_after_chunks": "3"}, {"hang_before_first_byte": 1},
+                      {"slow_factor": True}):
+            assert (await http.post(url + "/sim/faults", json=fault)).status_code == 400, fault
+        assert (await http.post(url + "/sim/faults", json={"slow_factor": 2})).status_code == 200
+        await http.delete(url + "/sim/faults")
+        bad_shapes = [{"chat_template_kwargs": "yes"}, {"tools": [{"function": "x"}],
+                      "tool_choice": "required"}, {"tool_choice": {"function": "x"}, "tools": [{}]},
+                      {"messages": [{"role": "assistant", "content": "", "tool_calls": 5}]}]
+        for extra in bad_shapes:
+            response = await http.post(url + "/v1/chat/completions", json={**SHORT, **extra})
+            assert response.status_code == 400, (extra, response.text)
+
+
+async def test_a_client_rid_with_quotes_streams_valid_json(pair):
+    async with httpx.AsyncClient() as http:
+        response = await http.post(pair.urls["mtp"] + "/v1/chat/completions",
+                                   json={**SHORT, "rid": 'a"b\\c'})
+        events = [line[6:] for line in response.text.split("\n") if line.startswith("data: {")]
+        assert events and all(json.loads(event)["id"] == 'a"b\\c' for event in events)
+
+
+async def test_a_later_fault_is_not_ended_by_an_earlier_restore_timer():
+    async with start_sim_pair(SimOptions(time_scale=0.02)) as pair:
+        server = pair.servers["mtp"]
+        await server.set_faults(Faults(refuse_connections=True, restore_after_s=0.2))
+        await server.clear_faults()
+        await server.set_faults(Faults(refuse_connections=True))  # no timer: down until cleared
+        await asyncio.sleep(0.4)  # past the first fault's timer
+        async with httpx.AsyncClient() as http:
+            with pytest.raises(httpx.ConnectError):
+                await http.get(pair.urls["mtp"] + "/v1/loads")
+        await server.clear_faults()
