@@ -808,6 +808,7 @@ async def test_keys_never_appear_in_logs(caplog: pytest.LogCaptureFixture,
     captured = capfd.readouterr()
     logged += captured.out + captured.err
     assert "circuit" in logged or "down" in logged or "retrying" in logged  # logging did happen
+    assert "backend mtp is down" in logged  # the probe failure itself was logged
     for secret in SECRETS:
         assert secret not in logged, f"{secret} was logged"
 

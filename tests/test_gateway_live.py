@@ -311,7 +311,8 @@ async def test_keepalive_comment_only_after_silence(sim) -> None:
 @pytest.mark.timeout(30)
 async def test_metrics_after_a_known_sequence(sim) -> None:
     # One probe round at start only, so the scraped backend figures cannot move under the test.
-    async with live_gateway(sim, monitor={"interval_s": 60}) as gateway, \
+    async with live_gateway(sim, monitor={"interval_s": 60},
+                            routing={"adapt_to_accept_length": False}) as gateway, \
             httpx.AsyncClient() as client:
         url = gateway.url + "/v1/chat/completions"
         for _ in range(3):
@@ -333,6 +334,7 @@ async def test_metrics_after_a_known_sequence(sim) -> None:
         'gateway_backend_up{backend="plain"} 1.0',
     ]
     expected.append(f"gateway_crossover {float(gateway.router.crossover)}")
+    expected.append("gateway_crossover 31.0")  # the default crossover, unadapted (pinned above)
     assert [line for line in expected if line not in text] == []
 
 

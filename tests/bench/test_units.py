@@ -150,6 +150,7 @@ def test_find_crossover_takes_the_later_condition_and_floors():
     assert result.aggregate.level == pytest.approx(30.0)
     assert result.per_request.first_plain_level == 32
     assert result.crossover == math.floor(max(result.aggregate.level, result.per_request.level))
+    assert result.crossover == 30  # per-request crossing 30.86, aggregate 30.0: the later, floored
 
 
 def test_find_crossover_is_capped_at_mtps_running_cap():
