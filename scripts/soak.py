@@ -57,17 +57,6 @@ FAULTS: list[tuple[str, Faults]] = [
 ]
 
 
-def _nodelay_bind(host: str, port: int) -> socket.socket:
-    """The simulator binds with proto 0, so asyncio never sets TCP_NODELAY on its accepted
-    sockets and every response after the first on a connection waits ~40 ms for a delayed
-    ACK (reported). Binding with IPPROTO_TCP gives the simulator what SGLang (uvicorn on a
-    host:port) has."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -200,7 +189,6 @@ async def wait_for(predicate, timeout: float, every: float = 0.1) -> bool:  # ty
 
 
 async def soak(args: argparse.Namespace) -> int:
-    sim_server._bind = _nodelay_bind  # see _nodelay_bind
     rng = random.Random(args.seed)
     tally = Tally()
     admin = secrets.token_hex(16)

@@ -50,10 +50,12 @@ class Crossing:
 
 def crossing(levels: Sequence[int], mtp: Sequence[float], plain: Sequence[float]) -> Crossing:
     """Where plain overtakes MTP for good on one figure (rule step 1)."""
-    diffs = [m - p for m, p in zip(mtp, plain, strict=True)]
+    # A level where either side had no successful request (NaN) says nothing: left out.
+    measured = [(c, m - p) for c, m, p in zip(levels, mtp, plain, strict=True) if not math.isnan(m - p)]
+    levels, diffs = [c for c, _ in measured], [d for _, d in measured]
     first = None
     for i in range(len(levels) - 1, -1, -1):
-        if diffs[i] <= 0 and not math.isnan(diffs[i]):
+        if diffs[i] <= 0:
             first = i
         else:
             break

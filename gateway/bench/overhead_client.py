@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 import time
 from array import array
 from typing import Any
 
+from gateway.bench import stats
 from gateway.bench.fast_upstream import MODEL, raise_nofile_limit
 
 CONTENT_MARKER = b'"delta":{"reasoning_content":null,"content":"'
@@ -301,14 +303,9 @@ async def connect(port: int, window: Window | None = None) -> Connection:
 
 
 def percentile(values: Any, q: float) -> float | None:
-    """Nearest-rank-interpolated percentile (q in 0..100); None when empty."""
-    data = sorted(values)
-    if not data:
-        return None
-    k = (len(data) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (k - lo)
+    """stats.percentile (linear interpolation), None instead of NaN when empty (for JSON)."""
+    value = stats.percentile(list(values), q)
+    return None if math.isnan(value) else value
 
 
 def _ms(value: float | None) -> float | None:
@@ -463,7 +460,8 @@ async def sequential(targets: dict[str, int], body_bytes: int, requests: int, wa
     foreign = (machine_busy_s() - machine0) - (_ours_s([watch_pid, upstream_pid]) - ours0)
     for conn in conns.values():
         conn.close()
-    out: dict[str, Any] = {"body_bytes": len(wire[names[0]]), "requests": requests,
+    body_size = len(json.dumps(body, separators=(",", ":")).encode())  # the JSON, not the head
+    out: dict[str, Any] = {"body_bytes": body_size, "requests": requests,
                            "errors": sum(errors.values()), "error_kinds": errors,
                            "foreign_cpu_util": round(max(0.0, foreign) / elapsed, 3)}
     for name, values in times.items():

@@ -294,3 +294,13 @@ def test_file_workload(tmp_path):
     bad.write_text("{}\n")
     with pytest.raises(ValueError, match="bad.jsonl:1"):
         make_workload(f"file:{bad}")
+
+
+def test_a_level_without_any_successful_request_is_left_out_of_the_crossing():
+    nan = math.nan
+    # MTP failed every request at the top level: that is no evidence that MTP wins there.
+    top = crossing([24, 32, 64], [1600, 1600, nan], [1300, 1700, 2700])
+    assert top.first_plain_level == 32 and top.level == pytest.approx(24 + 8 * 300 / 400)
+    # ... nor in the middle, where interpolating through it gave NaN (and floor() raised).
+    middle = crossing([16, 24, 32], [1300, nan, 1600], [900, 1300, 1700])
+    assert middle.first_plain_level == 32 and middle.level == pytest.approx(16 + 16 * 400 / 500)
