@@ -59,10 +59,11 @@ def tune_process() -> None:
     """Process-wide settings for a long-running proxy, applied once by `serve` and `demo`.
 
     - glibc maps a fresh region for every buffer over 128 KB and unmaps it on free, so each
-      400 KB agent-context body page-faults its way in (measured: ~1.3 ms of the gateway's
-      4.5 ms CPU per such request). A 4 MB threshold keeps such buffers on the heap, and a
-      64 MB trim threshold keeps the heap from being handed back after every such request
-      (258 page faults per request without it). The price: up to 64 MB of freed heap stays
+      400 KB agent-context body page-faults its way in (measured on cf35b98: ~1.3 ms of the
+      gateway's 4.5 ms CPU per such request; docs/perf/profile-c128.md). A 4 MB threshold
+      keeps such buffers on the heap, and a 64 MB trim threshold keeps the heap from being
+      handed back after every such request (258 page faults per request without it, read
+      from /proc; docs/perf/profile-c128.md). The price: up to 64 MB of freed heap stays
       mapped after a burst of large bodies.
     - The request path creates no reference cycles (a test guards it), but full collections
       still walk every object: start-up objects are frozen out of the collector.

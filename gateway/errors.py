@@ -10,7 +10,7 @@
     │   ├── RequestTimeout            408 the client stopped sending its body
     │   ├── PayloadTooLarge           413
     │   ├── UnsupportedMediaType      415
-    │   ├── HeadersTooLarge           431 (answered by the HTTP protocol layer, see cli.py)
+    │   ├── HeadersTooLarge           431 (answered by the HTTP protocol layer, see server.py)
     │   └── Overloaded                429 (Retry-After)
     └── UpstreamError                 5xx: a backend failed us
         ├── NoBackend                 503 no healthy backend
