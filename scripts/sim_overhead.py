@@ -6,7 +6,8 @@ simulated SGLang pair (real time, time_scale 1), at C=1 (MTP) and C=64 (plain).
 Starts `mtp-gateway sim` and `mtp-gateway serve` as subprocesses (gateway pinned to CPU 1,
 simulator and this load generator to CPU 0 when there are two cores), then runs the same
 closed-loop streaming load direct to a simulated server and through the gateway (pinned to
-that server with `x-gateway-pin`), alternating. Gateway CPU is utime+stime from /proc.
+that server with `x-gateway-pin`), one direct run then one gateway run per level (not
+interleaved: machine drift lands on the gateway figure). Gateway CPU is utime+stime from /proc.
 """
 
 from __future__ import annotations

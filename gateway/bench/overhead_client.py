@@ -111,19 +111,16 @@ def agent_context_body(target_bytes: int) -> dict[str, Any]:
 class Result:
     """One response as the client saw it."""
 
-    __slots__ = ("sent_at", "status", "first_at", "last_at", "content", "done", "error", "end_at",
-                 "body_bytes")
+    __slots__ = ("sent_at", "status", "last_at", "content", "done", "error", "end_at")
 
     def __init__(self, sent_at: float) -> None:
         self.sent_at = sent_at
         self.status = 0
-        self.first_at = 0.0
         self.last_at = 0.0
         self.content = 0
         self.done = False
         self.error: str | None = None
         self.end_at = 0.0
-        self.body_bytes = 0
 
 
 class Window:
@@ -132,7 +129,6 @@ class Window:
     def __init__(self, t0: float, t1: float) -> None:
         self.t0, self.t1 = t0, t1
         self.chunks = 0
-        self.events = 0
         self.ttft = array("d")
         self.gaps = array("d")
 
@@ -263,7 +259,6 @@ class Connection(asyncio.Protocol):
     def _payload(self, data: bytes, now: float) -> None:
         result = self.result
         assert result is not None
-        result.body_bytes += len(data)
         sse = self.sse
         sse += data
         start = 0
@@ -283,7 +278,6 @@ class Connection(asyncio.Protocol):
     def _content(self, result: Result, now: float) -> None:
         window = self.window
         if result.content == 0:
-            result.first_at = now
             if window is not None and window.t0 <= result.sent_at <= window.t1:
                 window.ttft.append(now - result.sent_at)
             if self.first_content is not None and not self.first_content.done():
