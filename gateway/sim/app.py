@@ -349,7 +349,7 @@ class SimApp:
             if budget.crashed:
                 raise SimulatedCrash
             if budget.errored:
-                self.live.abort(job.rid)
+                self.live.abort(job.rid, exact=True)
                 for event in renderer.error(500, "Simulated mid-stream failure (sim fault)."):
                     yield event
             else:
@@ -478,7 +478,7 @@ class SimApp:
         try:
             return (await queue.get()).finish_reason == "length"
         finally:
-            self.live.abort(rid)  # after a timeout, do not leave it running
+            self.live.abort(rid, exact=True)  # after a timeout, do not leave it running
 
     async def ready(self, request: Request) -> Response:
         return Response(status_code=200)

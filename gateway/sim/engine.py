@@ -198,9 +198,13 @@ class Engine:
         self._waiting.append(seq)
         self._by_rid[request.rid] = seq
 
-    def abort(self, rid: str = "", abort_all: bool = False) -> list[str]:
-        """Free matching requests at once (prefix match on rid, as SGLang's scheduler does)."""
-        aborted = [r for r in self._by_rid if abort_all or (rid and r.startswith(rid))]
+    def abort(self, rid: str = "", abort_all: bool = False, *, exact: bool = False) -> list[str]:
+        """Free matching requests at once: by rid prefix, as SGLang's scheduler does for
+        /abort_request, or (`exact`) the one request the simulator itself ends."""
+        if exact:
+            aborted = [rid] if rid in self._by_rid else []
+        else:
+            aborted = [r for r in self._by_rid if abort_all or (rid and r.startswith(rid))]
         for r in aborted:
             self._remove(self._by_rid[r])
         return aborted

@@ -61,9 +61,9 @@ class LiveEngine:
         self._wake.set()
         return queue
 
-    def abort(self, rid: str = "", abort_all: bool = False) -> list[str]:
+    def abort(self, rid: str = "", abort_all: bool = False, *, exact: bool = False) -> list[str]:
         """``/abort_request``: free at once; open streams end with finish_reason "abort"."""
-        aborted = self.engine.abort(rid, abort_all)
+        aborted = self.engine.abort(rid, abort_all, exact=exact)
         for r in aborted:
             self._put(Output(r, 0, finish_reason="abort"))
         return aborted

@@ -216,3 +216,23 @@ async def test_a_later_fault_is_not_ended_by_an_earlier_restore_timer():
             with pytest.raises(httpx.ConnectError):
                 await http.get(pair.urls["mtp"] + "/v1/loads")
         await server.clear_faults()
+
+
+async def test_an_error_fault_ends_only_its_own_stream(pair):
+    """The error fault aborts the faulted request by its exact id: a request whose id merely
+    starts with it ("r" and "r1") runs to its end."""
+    url = pair.urls["mtp"] + "/v1/completions"
+    async with httpx.AsyncClient(timeout=30) as http:
+        other = asyncio.create_task(http.post(url, json={
+            "model": "m", "prompt": "go on", "max_tokens": 300, "ignore_eos": True, "rid": "r1"}))
+        await wait_until(lambda: _running_at_least(http, pair.urls["mtp"], 1))
+        await pair.servers["mtp"].set_faults(Faults(error_after_chunks=2))
+        faulted = await http.post(url, json={**LONG, "max_tokens": 50, "rid": "r"})
+        assert b'"error"' in faulted.content
+        await pair.servers["mtp"].clear_faults()
+        finished = (await other).json()
+        assert finished["usage"]["completion_tokens"] == 300, finished
+
+
+async def _running_at_least(http: httpx.AsyncClient, url: str, n: int) -> bool:
+    return await running(http, url) >= n
