@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.server import GatewayServer, uvicorn_config
+from gateway.speed import add_speed_argument
 
 EXIT_CONFIG = 2
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt() parameter numbers
@@ -43,10 +44,10 @@ async def serve(settings: Settings, config_path: Path | None, log_level: str) ->
 
 
 async def demo(settings: Settings, config_path: Path | None, log_level: str,
-               time_scale: float) -> None:
+               speed: float) -> None:
     from gateway.sim.server import SimOptions, start_sim_pair
 
-    options = SimOptions(time_scale=time_scale, mtp_port=_port(settings.backends.mtp.url),
+    options = SimOptions(speed=speed, mtp_port=_port(settings.backends.mtp.url),
                          plain_port=_port(settings.backends.plain.url))
     async with start_sim_pair(options) as pair:
         print(f"simulated SGLang pair: mtp {pair.urls['mtp']}  plain {pair.urls['plain']}")
@@ -102,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_serve_arguments(commands.add_parser("serve", help="run the gateway"))
     demo_parser = commands.add_parser("demo", help="gateway + two simulated SGLang servers")
     _add_serve_arguments(demo_parser)
-    demo_parser.add_argument("--time-scale", type=float, default=1.0,
-                             help="simulated time per real second (1.0 = real speed)")
+    add_speed_argument(demo_parser)
     sim_parser = commands.add_parser("sim", help="two simulated SGLang servers (mtp + plain)")
     _add_optional(sim_parser, "gateway.sim.cli")
     for name, module, help_text in (
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "serve":
                 asyncio.run(serve(settings, config_path, args.log_level))
             else:
-                asyncio.run(demo(settings, config_path, args.log_level, args.time_scale))
+                asyncio.run(demo(settings, config_path, args.log_level, args.speed))
             return 0
         return int(args.run(args))
     except ConfigError as exc:

@@ -1,5 +1,5 @@
 """The gateway's added time to first token and CPU per 1,000 relayed chunks, in front of the
-simulated SGLang pair (real time, time_scale 1), at C=1 (MTP) and C=64 (plain).
+simulated SGLang pair (real time, speed 1), at C=1 (MTP) and C=64 (plain).
 
     python scripts/sim_overhead.py [--seconds 20] [--max-tokens 200]
 
@@ -110,7 +110,7 @@ async def main() -> int:
         os.sched_setaffinity(0, {0})
     mtp_port, plain_port, gateway_port = free_port(), free_port(), free_port()
     sim = subprocess.Popen([*pin(0), sys.executable, "-m", "gateway", "sim", "--mtp-port",
-                            str(mtp_port), "--plain-port", str(plain_port), "--time-scale", "1"],
+                            str(mtp_port), "--plain-port", str(plain_port), "--speed", "1"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     config = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     config.write(f"backends:\n  mtp:\n    url: http://127.0.0.1:{mtp_port}\n"

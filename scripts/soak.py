@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from gateway.sim import server as sim_server  # noqa: E402
 from gateway.sim.faults import Faults  # noqa: E402
 from gateway.sim.server import SimOptions, start_sim_pair  # noqa: E402
+from gateway.speed import add_speed_argument  # noqa: E402
 
 MODEL = "Qwen/Qwen3.5-122B-A10B"
 MAX_MINUTES = 10.0
@@ -195,7 +196,7 @@ async def soak(args: argparse.Namespace) -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     # The simulator logs every injected crash as a traceback: keep its uvicorn quiet.
-    options = SimOptions(time_scale=args.time_scale, seed=args.seed, log_level="critical")
+    options = SimOptions(speed=args.speed, seed=args.seed, log_level="critical")
     async with start_sim_pair(options) as pair:
         config = {
             "listen": {"host": "127.0.0.1", "port": port},
@@ -306,7 +307,7 @@ def report(args: argparse.Namespace, tally: Tally, elapsed: float, final: dict, 
     lines = [
         f"mtp-gateway soak: {elapsed / 60:.1f} min, C={args.concurrency} (25 s) / "
         f"{max(1, args.concurrency // 4)} (15 s) alternating, loopback, "
-        f"simulated pair at time_scale {args.time_scale}, seed {args.seed}",
+        f"simulated pair at speed {args.speed:g}x, seed {args.seed}",
         f"faults: one backend every {args.fault_every_s:g} s for {args.fault_hold_s:g} s "
         f"({len(tally.faults)} injected)",
         "",
@@ -354,8 +355,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=3.0, help="load duration (max 10)")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--time-scale", type=float, default=0.25,
-                        help="simulated time per real second for the backends (1 = real GPU)")
+    add_speed_argument(parser, default=4.0)
     parser.add_argument("--fault-every-s", type=float, default=15.0)
     parser.add_argument("--fault-hold-s", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1)

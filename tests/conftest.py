@@ -26,7 +26,7 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 @pytest.fixture
 async def sim() -> AsyncIterator[SimPair]:
-    async with start_sim_pair(SimOptions(time_scale=0.02)) as pair:
+    async with start_sim_pair(SimOptions(speed=50)) as pair:
         yield pair
 
 

@@ -94,7 +94,7 @@ class Harness:
 
     async def _start(self) -> None:
         if self.sim:
-            pair = await self.stack.enter_async_context(start_sim_pair(SimOptions(time_scale=0.02)))
+            pair = await self.stack.enter_async_context(start_sim_pair(SimOptions(speed=50)))
             gateway = live_gateway(pair, **self.sections)
         else:
             url = await self.stack.enter_async_context(serve_app(FakeBackend().app))
@@ -768,7 +768,7 @@ async def test_keys_never_appear_in_logs(caplog: pytest.LogCaptureFixture,
     """Auth failures, backend 5xx, a crash mid-stream, a refused backend, an aborted stream:
     none of it logs a client key, the admin key, the backend key or a wrong key tried."""
     caplog.set_level(logging.DEBUG)
-    async with start_sim_pair(SimOptions(time_scale=0.02, api_key="backend-secret-CCC")) as pair:
+    async with start_sim_pair(SimOptions(speed=50, api_key="backend-secret-CCC")) as pair:
         backends = {n: {"url": u, "api_key": "backend-secret-CCC"} for n, u in pair.urls.items()}
         auth = {"api_keys": ["client-secret-AAA"], "admin_key": "admin-secret-BBB",
                 "metrics_public": False}

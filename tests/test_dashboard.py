@@ -319,7 +319,7 @@ def png_size(data: bytes) -> tuple[int, int]:
 @pytest.mark.timeout(60)
 async def test_dashboard_shows_admin_state_under_load(tmp_path: Path) -> None:
     admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    async with start_sim_pair(SimOptions(time_scale=0.05)) as sim, \
+    async with start_sim_pair(SimOptions(speed=20)) as sim, \
             live_gateway(sim, routing=ROUTING, auth={"admin_key": ADMIN_KEY}) as gateway, \
             httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=100)) as client, \
             chromium(tmp_path / "profile") as devtools:

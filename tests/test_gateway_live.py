@@ -215,8 +215,8 @@ async def test_inflight_returns_to_zero_after_normal_completion(sim) -> None:
 
 @pytest.mark.timeout(30)
 async def test_client_disconnect_mid_stream_releases_and_aborts_upstream() -> None:
-    # time_scale 1: SGLang's own abort comes 2 s after a disconnect; the gateway's is immediate.
-    async with start_sim_pair(SimOptions(time_scale=1.0)) as pair, live_gateway(pair) as gateway, \
+    # speed 1: SGLang's own abort comes 2 s after a disconnect; the gateway's is immediate.
+    async with start_sim_pair(SimOptions(speed=1)) as pair, live_gateway(pair) as gateway, \
             httpx.AsyncClient() as client:
         engine = pair.servers["mtp"].live.engine
         stream = await OpenStream(client, gateway.url + "/v1/chat/completions",
@@ -386,7 +386,7 @@ async def test_client_api_keys(sim) -> None:
 
 @pytest.mark.timeout(30)
 async def test_backend_api_key_goes_upstream_and_never_back() -> None:
-    async with start_sim_pair(SimOptions(time_scale=0.02, api_key="backend-secret")) as pair:
+    async with start_sim_pair(SimOptions(speed=50, api_key="backend-secret")) as pair:
         backends = {n: {"url": u, "api_key": "backend-secret"} for n, u in pair.urls.items()}
         async with live_gateway(pair, backends=backends) as gateway, \
                 httpx.AsyncClient() as client:

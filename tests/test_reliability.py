@@ -224,7 +224,7 @@ async def test_idle_timeout_mid_stream_ends_with_an_error_event(keepalive_s: flo
     """The backend stalls after its first chunks. Keep-alive comments keep the CLIENT's
     proxies from timing out; they must not reset the gateway's own idle deadline on the
     silent BACKEND, or a stalled stream would hang until `total_s`."""
-    options = SimOptions(time_scale=0.02, shared_device=False)  # mtp's stall must not block plain
+    options = SimOptions(speed=50, shared_device=False)  # mtp's stall must not block plain
     timeouts = {"keepalive_s": keepalive_s, "idle_s": 0.4, "total_s": 4.0}
     async with start_sim_pair(options) as pair, \
             live_gateway(pair, timeouts=timeouts, stock_uvicorn=stock_uvicorn) as gateway, \
@@ -254,7 +254,7 @@ async def test_keepalive_comments_during_a_mid_stream_stall_then_the_full_answer
         stock_uvicorn: bool) -> None:
     """Silence after the first token (a long tool-call argument, a stalled step) gets keep-alive
     comments too, not only the wait for the first token; the stream then finishes normally."""
-    options = SimOptions(time_scale=0.02, shared_device=False)
+    options = SimOptions(speed=50, shared_device=False)
     async with start_sim_pair(options) as pair, \
             live_gateway(pair, timeouts={"keepalive_s": 0.1}, stock_uvicorn=stock_uvicorn) as gateway, \
             httpx.AsyncClient() as client:
@@ -296,7 +296,7 @@ async def test_total_timeout_ends_a_long_stream_and_aborts_it_upstream(sim) -> N
 
 @pytest.mark.timeout(30)
 async def test_slow_backend_completes_when_every_gap_is_within_the_idle_budget() -> None:
-    options = SimOptions(time_scale=0.02, shared_device=False)
+    options = SimOptions(speed=50, shared_device=False)
     async with start_sim_pair(options) as pair, \
             live_gateway(pair, timeouts={"idle_s": 0.25}) as gateway, \
             httpx.AsyncClient() as client:

@@ -58,7 +58,7 @@ async def until_serving(client: httpx.AsyncClient, url: str, process: asyncio.su
 
 @pytest.mark.timeout(40)
 async def test_sigterm_during_20_streams_drains_then_exits_0(tmp_path) -> None:
-    async with start_sim_pair(SimOptions(time_scale=0.02)) as pair:
+    async with start_sim_pair(SimOptions(speed=50)) as pair:
         port = free_port()
         config = tmp_path / "config.yaml"
         config.write_text(json.dumps({  # JSON is YAML

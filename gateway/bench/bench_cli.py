@@ -19,6 +19,7 @@ from gateway.bench.levels import DEFAULT_LEVELS, LevelPlan, parse_levels, plan_l
 from gateway.bench.progress import Progress
 from gateway.bench.stats import LevelResult
 from gateway.bench.workloads import WORKLOADS, make_workload
+from gateway.speed import add_speed_argument
 
 SIM_DURATION_S = 150.0
 SIM_WARMUP_S = 50.0
@@ -51,9 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", help="sent as Authorization: Bearer")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
-    parser.add_argument("--time-scale", type=float, default=1.0,
-                        help="simulated servers run at this scale: report simulated seconds "
-                             "(real / scale); default 1.0")
+    add_speed_argument(parser, reported=True)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     sim = parser.add_argument_group("--sim options")
     sim.add_argument("--policy", action="append", choices=("crossover", "mtp-only", "plain-only"),
@@ -72,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         levels = parse_levels(args.concurrency)
         make_workload(args.workload, args.seed, args.max_tokens)  # validate early
-        if args.time_scale <= 0:
-            raise ValueError("--time-scale must be > 0")
         if args.sim:
             results, meta = _run_sim(args, levels)
         else:
@@ -136,10 +133,10 @@ def _run_http(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, li
     results = asyncio.run(run_http_sweep(
         targets, lambda: make_workload(args.workload, args.seed, args.max_tokens), plans,
         model=args.model, api_key=args.api_key, progress=progress,
-        time_scale=args.time_scale))
+        speed=args.speed))
     meta = {"mode": "HTTP", "targets": {t.name: t.url for t in targets}, "workload": args.workload,
             "method": _method(plans), "seed": args.seed, "max_tokens": args.max_tokens,
-            "time_scale": args.time_scale}
+            "speed": args.speed}
     return results, meta
 
 

@@ -30,6 +30,7 @@ from gateway.bench.levels import parse_levels, plan_levels
 from gateway.bench.loadgen import Target, _join, run_http_sweep
 from gateway.bench.progress import Progress
 from gateway.bench.workloads import make_workload
+from gateway.speed import add_speed_argument
 
 CALIBRATE_LEVELS = "1,2,4,8,16,24,32,48,64,128"
 
@@ -57,9 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile-out", metavar="PATH", help="save the measured curves as sim profiles")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--plot", metavar="PATH")
-    parser.add_argument("--time-scale", type=float, default=1.0,
-                        help="simulated servers run at this scale: report simulated seconds "
-                             "(real / scale); default 1.0")
+    add_speed_argument(parser, reported=True)
     parser.add_argument("--no-progress", action="store_true")
 
 
@@ -101,7 +100,7 @@ async def calibrate(args: argparse.Namespace) -> int:
     results = await run_http_sweep(
         targets, lambda: make_workload(args.workload, args.seed, args.max_tokens), plans,
         model=args.model, api_key=args.api_key, progress=progress,
-        time_scale=args.time_scale)
+        speed=args.speed)
     accept = parse_server_info(infos["mtp"])[1] if infos["mtp"] else None
     after = await _server_info(args.mtp, args.api_key)  # accept length after the sweep
     accept = (parse_server_info(after)[1] if after else None) or accept
@@ -121,7 +120,7 @@ async def calibrate(args: argparse.Namespace) -> int:
     print("\n" + outcome.explain())
     if args.json:
         report.write_json(args.json, results, {
-            "mode": "HTTP calibrate", "workload": args.workload, "time_scale": args.time_scale,
+            "mode": "HTTP calibrate", "workload": args.workload, "speed": args.speed,
             "caps": caps, "accept_length": accept,
             "crossover": outcome.crossover, "uncapped_crossover": outcome.uncapped})
     if args.plot:

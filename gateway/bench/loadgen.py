@@ -6,9 +6,9 @@ usage chunk (``completion_tokens``); without one, each content chunk counts as o
 backend that served a request comes from the ``x-gateway-backend`` response header, or is the
 target's own name when the target is a backend.
 
-``time_scale`` is for simulated servers run faster than real time (``SimOptions.time_scale``,
-``mtp-gateway sim --time-scale``): every time is measured in simulated seconds (real seconds /
-time_scale) and think times shrink alike, so figures compare with the modelled hardware's.
+``speed`` is for simulated servers run faster than real time (``SimOptions.speed``,
+``mtp-gateway sim --speed``): every time is measured in simulated seconds (real seconds x
+speed) and think times shrink alike, so figures compare with the modelled hardware's.
 """
 
 from __future__ import annotations
@@ -134,13 +134,13 @@ def _handle(data: str, now: float, record: RequestRecord, text: list[str], done:
 async def run_http_level(session: aiohttp.ClientSession, target: Target, workload: Workload,
                          plan: LevelPlan, *, model: str | None = None, api_key: str | None = None,
                          progress: Progress | None = None,
-                         time_scale: float = 1.0) -> tuple[list[RequestRecord], float]:
+                         speed: float = 1.0) -> tuple[list[RequestRecord], float]:
     """One level against one target: ``plan.concurrency`` closed-loop slots started together."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
 
     def clock() -> float:
-        return (loop.time() - t0) / time_scale
+        return (loop.time() - t0) * speed
 
     records: list[RequestRecord] = []
     counters = {"started": 0, "scripts": 0}
@@ -165,7 +165,7 @@ async def run_http_level(session: aiohttp.ClientSession, target: Target, workloa
                     break
                 value = None
                 if isinstance(action, Think):
-                    await asyncio.sleep(action.seconds * time_scale)
+                    await asyncio.sleep(action.seconds / speed)
                 elif isinstance(action, Send):
                     counters["started"] += len(action.jobs)
                     value = list(await asyncio.gather(*(request(job) for job in action.jobs)))
@@ -178,7 +178,7 @@ async def run_http_sweep(targets: Sequence[Target], workload_factory: Callable[[
                          plans: Sequence[LevelPlan], *, model: str | None = None,
                          api_key: str | None = None, progress: Progress | None = None,
                          request_timeout_s: float = 3600.0,
-                         time_scale: float = 1.0) -> dict[str, list[LevelResult]]:
+                         speed: float = 1.0) -> dict[str, list[LevelResult]]:
     """The sweep against every target, interleaved level by level in a rotating order, so
     drift on the machine (thermal, other tenants) hits every target alike."""
     results: dict[str, list[LevelResult]] = {t.name: [] for t in targets}
@@ -194,7 +194,7 @@ async def run_http_sweep(targets: Sequence[Target], workload_factory: Callable[[
                     progress.start(f"{target.name} C={plan.concurrency}", plan.requests)
                 records, wall = await run_http_level(session, target, workload_factory(), plan,
                                                      model=models[target.name], api_key=api_key,
-                                                     progress=progress, time_scale=time_scale)
+                                                     progress=progress, speed=speed)
                 if progress:
                     progress.finish()
                 results[target.name].append(

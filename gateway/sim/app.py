@@ -108,7 +108,7 @@ class SimApp:
         self.live = live
         self.faults = faults
         self.profile = live.engine.profile
-        self.metrics = SimMetrics(live.engine, live.time_scale)
+        self.metrics = SimMetrics(live.engine, live.speed)
         self.started = time.time()
 
     def build(self, api_key: str | None = None) -> ASGIApp:
@@ -401,7 +401,7 @@ class SimApp:
         spec = p.speculative
         internal: dict[str, Any] = {
             "effective_max_running_requests_per_dp": p.effective_max_running,
-            "last_gen_throughput": engine.stats.gen_throughput / self.live.time_scale,
+            "last_gen_throughput": engine.stats.gen_throughput * self.live.speed,
             "memory_usage": {"weight": 61.2, "kvcache": 20.5, "token_capacity": p.prefix_cache_tokens,
                              "graph": 1.1},
         }  # fmt: skip
@@ -444,7 +444,7 @@ class SimApp:
             "num_waiting_uncached_tokens": 0, "num_used_tokens": engine.num_used_tokens,
             "num_total_tokens": p.prefix_cache_tokens, "max_total_num_tokens": p.prefix_cache_tokens,
             "max_running_requests": p.effective_max_running, "token_usage": engine.kv_token_usage,
-            "gen_throughput": engine.stats.gen_throughput / self.live.time_scale,
+            "gen_throughput": engine.stats.gen_throughput * self.live.speed,
             "cache_hit_rate": engine.cache_hit_rate,
             "utilization": engine.num_running / p.effective_max_running,
         }  # fmt: skip
@@ -457,7 +457,7 @@ class SimApp:
 
     async def health(self, request: Request) -> Response:
         """Like SGLang: generate one token, at least ~1 s (scaled); 503 when failing."""
-        scale = self.live.time_scale
+        scale = 1 / self.live.speed  # real seconds per simulated second
         if self.faults.failing:
             return Response(status_code=503)
         probe = self._health_probe()
@@ -516,7 +516,7 @@ class SimApp:
             "effective_max_running_requests": self.profile.effective_max_running,
             "generated_tokens": engine.stats.generated_tokens,
             "avg_spec_accept_length": engine.stats.avg_spec_accept_length,
-            "time_scale": self.live.time_scale,
+            "speed": self.live.speed,
         })  # fmt: skip
 
 

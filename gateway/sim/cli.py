@@ -15,6 +15,7 @@ import sys
 from gateway.sim.faults import Faults
 from gateway.sim.profile import load_profiles
 from gateway.sim.server import SimOptions, SimPair, start_sim_pair
+from gateway.speed import add_speed_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,10 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mtp-port", type=int, default=30001, help="port of the MTP server")
     parser.add_argument("--plain-port", type=int, default=30002, help="port of the plain server")
     parser.add_argument("--profiles", metavar="FILE", help="profiles YAML (default: built-in)")
-    parser.add_argument(
-        "--time-scale", type=float, default=1.0,
-        help="seconds of real time per simulated second (0.1 = 10x faster than the GPU)",
-    )  # fmt: skip
+    add_speed_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed for text and draft acceptance")
     parser.add_argument(
         "--no-shared-device", dest="shared_device", action="store_false",
@@ -49,9 +47,6 @@ def _faults(text: str) -> Faults:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM. Returns the process exit code."""
-    if args.time_scale <= 0:
-        print("sim: --time-scale must be > 0", file=sys.stderr)
-        return 2
     try:
         profiles = load_profiles(args.profiles)
     except (OSError, ValueError, TypeError, KeyError) as exc:
@@ -60,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     faults = {name: f for name in ("mtp", "plain") if (f := getattr(args, f"{name}_faults"))}
     options = SimOptions(
         host=args.host, mtp_port=args.mtp_port, plain_port=args.plain_port, profiles=profiles,
-        time_scale=args.time_scale, seed=args.seed, shared_device=args.shared_device,
+        speed=args.speed, seed=args.seed, shared_device=args.shared_device,
         api_key=args.api_key, faults=faults,
     )  # fmt: skip
     try:
@@ -80,7 +75,7 @@ async def _serve(options: SimOptions) -> None:
         device = "one shared simulated GPU" if options.shared_device else "separate GPUs"
         print(f"sim: mtp   (NEXTN, cap {_cap(pair, 'mtp')}) on {pair.urls['mtp']}")
         print(f"sim: plain (cap {_cap(pair, 'plain')}) on {pair.urls['plain']}")
-        print(f"sim: {device}, time scale {options.time_scale}, seed {options.seed}; Ctrl+C stops")
+        print(f"sim: {device}, speed {options.speed:g}x, seed {options.seed}; Ctrl+C stops")
         sys.stdout.flush()  # whoever started us may be waiting for the URLs on a pipe
         await stop.wait()
 

@@ -1,8 +1,8 @@
 """Real time: drives one :class:`~gateway.sim.engine.Engine` on the event loop.
 
-Each step sleeps ``step.duration_s * time_scale * slow_factor`` seconds while holding the
-device lock, so ``time_scale=0.05`` runs the model 20x faster than the real GPU would (tests use
-0.02-0.1), and two engines that share one :class:`Device` take turns, as on one GPU.
+Each step sleeps ``step.duration_s * slow_factor / speed`` seconds while holding the device
+lock, so ``speed=20`` runs the model 20x faster than the real GPU would (tests use 10-50;
+gateway/speed.py), and two engines that share one :class:`Device` take turns, as on one GPU.
 Sleeps are aimed at a running deadline, so the event loop's wake-up lag does not accumulate.
 """
 
@@ -31,10 +31,10 @@ class LiveEngine:
     """An engine stepping in (scaled) real time, delivering outputs to per-request queues."""
 
     def __init__(
-        self, engine: Engine, device: Device, time_scale: float, faults: FaultState
+        self, engine: Engine, device: Device, speed: float, faults: FaultState
     ) -> None:
         self.engine = engine
-        self.time_scale = time_scale
+        self.speed = speed  # simulated seconds per real second
         self._device = device
         self._faults = faults
         self._queues: dict[str, asyncio.Queue[Output]] = {}
@@ -71,7 +71,7 @@ class LiveEngine:
     def disconnect(self, rid: str) -> None:
         """The client went away: abort 2 s later (scaled) and free the slot one step after."""
         if rid in self._queues:
-            delay = DISCONNECT_ABORT_DELAY_S * self.time_scale
+            delay = DISCONNECT_ABORT_DELAY_S / self.speed
             asyncio.get_running_loop().call_later(delay, self._abort_late, rid)
 
     def _abort_late(self, rid: str) -> None:
@@ -88,7 +88,7 @@ class LiveEngine:
                 step = self.engine.begin_step()
                 if step is None:
                     continue
-                scale = self.time_scale * self._faults.faults.slow_factor
+                scale = self._faults.faults.slow_factor / self.speed
                 now = loop.time()
                 # Back to back with the previous step: start where it was due to end, so
                 # oversleeping is paid back; after idle time start now.

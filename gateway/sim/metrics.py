@@ -27,9 +27,9 @@ class _SchedulerCollector(Collector):
 
     LABELS = ("engine_type", "model_name", "moe_ep_rank", "pp_rank", "tp_rank")
 
-    def __init__(self, engine: Engine, time_scale: float) -> None:
+    def __init__(self, engine: Engine, speed: float) -> None:
         self._engine = engine
-        self._time_scale = time_scale
+        self._speed = speed
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         engine, stats = self._engine, self._engine.stats
@@ -38,7 +38,7 @@ class _SchedulerCollector(Collector):
             "num_queue_reqs": ("The number of requests in the waiting queue.", engine.num_waiting),
             "gen_throughput": (
                 "The generation throughput (token/s).",
-                stats.gen_throughput / self._time_scale,
+                stats.gen_throughput * self._speed,
             ),
             "token_usage": ("The token usage.", engine.kv_token_usage),
             "cache_hit_rate": ("The prefix cache hit rate.", engine.cache_hit_rate),
@@ -66,9 +66,9 @@ class _SchedulerCollector(Collector):
 class SimMetrics:
     """All metrics of one simulated server; ``registry`` is what /metrics exposes."""
 
-    def __init__(self, engine: Engine, time_scale: float) -> None:
+    def __init__(self, engine: Engine, speed: float) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_SchedulerCollector(engine, time_scale))
+        self.registry.register(_SchedulerCollector(engine, speed))
         labels = ("model_name", "engine_type")
         self._labels = (engine.profile.served_model_name, "unified")
 

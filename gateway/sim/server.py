@@ -1,6 +1,6 @@
 """Both simulated servers (mtp and plain) in the current event loop, on real sockets.
 
-    async with start_sim_pair(SimOptions(time_scale=0.05)) as pair:
+    async with start_sim_pair(SimOptions(speed=20)) as pair:
         pair.urls["mtp"], pair.urls["plain"]        # http://127.0.0.1:<port>
         pair.servers["mtp"].live.engine             # engine state (num_running, stats, ...)
         await pair.servers["plain"].set_faults(Faults(refuse_connections=True))
@@ -33,13 +33,13 @@ BACKENDS = ("mtp", "plain")
 @dataclass(frozen=True)
 class SimOptions:
     """How to run the pair. ``profiles``: loaded profiles, a YAML path, or None for defaults.
-    ``time_scale`` < 1 runs faster than the modelled GPU (0.05 = 20x)."""
+    ``speed``: simulated seconds per real second (20 = 20x faster than the modelled GPU)."""
 
     host: str = "127.0.0.1"
     mtp_port: int = 0
     plain_port: int = 0
     profiles: Mapping[str, Profile] | str | Path | None = None
-    time_scale: float = 1.0
+    speed: float = 1.0
     seed: int = 0
     shared_device: bool = True
     api_key: str | None = None
@@ -67,7 +67,7 @@ class SimServer:
         self.name = name
         self.faults = FaultState(on_refuse=self._on_refuse)
         engine = Engine(profile, random.Random(f"{options.seed}:{name}"))
-        self.live = LiveEngine(engine, device, options.time_scale, self.faults)
+        self.live = LiveEngine(engine, device, options.speed, self.faults)
         port = options.mtp_port if name == "mtp" else options.plain_port
         self._host = options.host
         self._sock = _bind(options.host, port)

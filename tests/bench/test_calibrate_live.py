@@ -1,4 +1,4 @@
-"""`calibrate` against the simulated SGLang pair on real sockets (time_scale 0.5, short outputs)."""
+"""`calibrate` against the simulated SGLang pair on real sockets (speed 2, short outputs)."""
 
 import argparse
 from pathlib import Path
@@ -22,10 +22,10 @@ async def test_calibrate_finds_the_crossover_and_writes_it(tmp_path, capsys):
     profiles = tmp_path / "profiles.yaml"
     parser = argparse.ArgumentParser()
     calibrate_cli.add_arguments(parser)
-    async with start_sim_pair(SimOptions(time_scale=0.5)) as pair:
+    async with start_sim_pair(SimOptions(speed=2)) as pair:
         args = parser.parse_args([
             "--mtp", pair.urls["mtp"], "--plain", pair.urls["plain"],
-            "--concurrency", "8,24,32,48", "--max-tokens", "48", "--time-scale", "0.5",
+            "--concurrency", "8,24,32,48", "--max-tokens", "48", "--speed", "2",
             "--write", str(config), "--profile-out", str(profiles), "--no-progress"])
         assert await calibrate_cli.calibrate(args) == 0
     out = capsys.readouterr().out

@@ -9,7 +9,7 @@ from gateway.sim.server import SimOptions, start_sim_pair
 
 @pytest.fixture
 async def pair():
-    async with start_sim_pair(SimOptions(time_scale=0.02)) as started:
+    async with start_sim_pair(SimOptions(speed=50)) as started:
         yield started
 
 

@@ -9,7 +9,7 @@ import httpx
 async def test_sim_command_serves_both_backends_until_interrupted():
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway.sim", "--mtp-port", "0", "--plain-port", "0",
-        "--time-scale", "0.05", "--plain-faults", '{"fail_status": 500}',
+        "--speed", "20", "--plain-faults", '{"fail_status": 500}',
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -30,8 +30,8 @@ async def test_sim_command_serves_both_backends_until_interrupted():
 
 async def test_sim_command_rejects_bad_options():
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.sim", "--time-scale", "0",
+        sys.executable, "-m", "gateway.sim", "--speed", "0",
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     _, err = await asyncio.wait_for(process.communicate(), 20)
-    assert process.returncode == 2 and b"--time-scale" in err
+    assert process.returncode == 2 and b"--speed" in err

@@ -186,7 +186,7 @@ async def test_responses_api_stream_and_non_stream(pair):
 
 
 async def test_api_key_guards_all_but_health_ready_metrics():
-    async with start_sim_pair(SimOptions(time_scale=0.02, api_key="sekrit")) as guarded:
+    async with start_sim_pair(SimOptions(speed=50, api_key="sekrit")) as guarded:
         url = guarded.urls["mtp"]
         async with httpx.AsyncClient() as http:
             denied = await http.get(url + "/v1/models")
