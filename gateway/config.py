@@ -60,6 +60,8 @@ class Routing(_Frozen):
     hysteresis: int = Field(6, ge=0)
     min_dwell_s: float = Field(5.0, ge=0)
     capacity_guard: bool = False
+    move_unstarted: bool = True
+    handoff_running: bool = False
     session_affinity: bool = True
     session_headers: tuple[str, ...] = ("x-session-id", "x-claude-code-session-id", "thread-id")
     max_sessions: int = Field(10000, ge=0)

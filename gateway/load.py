@@ -17,10 +17,12 @@ from gateway.policy import (
     BackendView,
     Decision,
     Mode,
+    Moves,
     RequestFacts,
     Snapshot,
     decide,
     effective_crossover,
+    plan_moves,
 )
 
 
@@ -89,6 +91,7 @@ class Lease:
     decision: Decision
     backend: BackendName
     trial: bool = False  # the half-open circuit's trial request
+    started: bool = False  # its first byte came: a move would lose generated text
     released: bool = field(default=False)
 
     @property
@@ -101,17 +104,28 @@ class Lease:
         if self.released or backend == self.backend:
             return
         self._end_trial()
-        self.router.inflight[self.backend] -= 1
-        self.router.inflight[backend] += 1
+        self._count(-1)
         self.backend = backend
+        self._count(+1)
         self.trial = self.router.health[backend].claim_trial()
+
+    def mark_started(self) -> None:
+        """The first byte came from the backend."""
+        if not self.started and not self.released:
+            self.started = True
+            self.router.not_started[self.backend] -= 1
 
     def release(self) -> None:
         if not self.released:
-            self.released = True
             self._end_trial()
-            self.router.inflight[self.backend] -= 1
+            self._count(-1)
+            self.released = True
             self.router.served[self.backend] += 1
+
+    def _count(self, delta: int) -> None:
+        self.router.inflight[self.backend] += delta
+        if not self.started:
+            self.router.not_started[self.backend] += delta
 
     def _end_trial(self) -> None:
         if self.trial:
@@ -127,10 +141,13 @@ class Router:
         self.mode_since = time.monotonic()
         self.inflight: dict[BackendName, int] = {name: 0 for name in BACKEND_NAMES}
         self.served: dict[BackendName, int] = {name: 0 for name in BACKEND_NAMES}  # finished
+        # Of the in-flight, those whose first byte has not come (Lease.mark_started).
+        self.not_started: dict[BackendName, int] = {name: 0 for name in BACKEND_NAMES}
         self.health: dict[BackendName, BackendHealth] = {n: BackendHealth() for n in BACKEND_NAMES}
         self.sessions = SessionMap(routing.max_sessions)
         self.loads_max_age_s = loads_max_age_s
         self.use_backend_loads = use_backend_loads
+        self._flipped_to_plain = False  # since the last take_moves()
 
     @property
     def concurrency(self) -> int:
@@ -161,17 +178,27 @@ class Router:
             inflight=self.inflight[name],
             effective_cap=health.effective_cap,
             reported_load=reported,
+            not_started=self.not_started[name],
         )
 
     def admit(self, facts: RequestFacts, now: float | None = None) -> Decision | Lease:
         """Decide and count. Returns the Decision alone when there is no backend."""
         now = time.monotonic() if now is None else now
         decision = decide(self.snapshot(now), facts, self.routing, now)
+        if self.mode == "mtp" and decision.mode == "plain":
+            self._flipped_to_plain = True
         self.mode, self.mode_since = decision.mode, decision.mode_since
         if decision.backend is None:
             return decision
         self.inflight[decision.backend] += 1
+        self.not_started[decision.backend] += 1
         return Lease(self, decision, decision.backend, self.health[decision.backend].claim_trial())
+
+    def take_moves(self, now: float | None = None) -> Moves:
+        """What to move from MTP to plain now (see policy.plan_moves); the caller moves them."""
+        now = time.monotonic() if now is None else now
+        flipped, self._flipped_to_plain = self._flipped_to_plain, False
+        return plan_moves(self.snapshot(now), self.routing, flipped=flipped)
 
     def remember_session(self, session: str | None, backend: BackendName) -> None:
         self.sessions.put(session, backend)

@@ -44,6 +44,8 @@ class BackendView:
     inflight: int = 0  # requests the gateway has in flight there (exact)
     effective_cap: int | None = None  # running-request cap from /server_info, if known
     reported_load: int | None = None  # running + waiting from /v1/loads, only when fresh
+    not_started: int = 0  # of `inflight`, those with no first byte yet (queued or prefilling)
+
 
     @property
     def load(self) -> int:
@@ -67,6 +69,17 @@ class Snapshot:
 class RequestFacts:
     session_backend: BackendName | None = None  # where this session's last turn ran
     pin: BackendName | None = None  # client pin, already checked against allow_pin_header
+
+
+@dataclass(frozen=True, slots=True)
+class Moves:
+    """Requests to take off MTP now and finish on plain."""
+
+    not_started: int = 0  # no byte sent to the client yet: cancelled and re-sent whole
+    running: int = 0  # streaming: continued on plain from the text generated so far
+
+    def __bool__(self) -> bool:
+        return bool(self.not_started or self.running)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,3 +158,23 @@ def decide(snapshot: Snapshot, facts: RequestFacts, routing: Routing, now: float
             return Decision(None, "no_backend", mode, since)
         backend, reason = fallback, "failover"
     return Decision(backend, reason, mode, since)
+
+
+def plan_moves(snapshot: Snapshot, routing: Routing, *, flipped: bool) -> Moves:
+    """What to move from MTP to plain when the mode has just `flipped` to plain.
+
+    A burst from idle sends its first `crossover` requests to MTP before the load is known;
+    left there, MTP runs its cap of them and queues the rest behind long generations while
+    plain takes the new ones, and the two servers time-slice the GPU until MTP drains. So at
+    the flip, MTP's requests that have not sent a byte to the client move (`move_unstarted`:
+    cancel, re-send whole; only a prefill is lost), and with `handoff_running` its streams
+    follow, continued on plain from the text generated so far (prefilled again there).
+    """
+    if not flipped or routing.policy != "crossover" or snapshot.mode != "plain":
+        return Moves()
+    mtp, plain = snapshot.backends["mtp"], snapshot.backends["plain"]
+    if not plain.healthy:
+        return Moves()
+    not_started = min(mtp.not_started, mtp.inflight) if routing.move_unstarted else 0
+    running = mtp.inflight - not_started if routing.handoff_running else 0
+    return Moves(not_started, running)

@@ -58,3 +58,26 @@ def test_sessions_forget_the_least_recently_used() -> None:
     assert sessions.get("a") == "mtp"  # a is now the most recent
     sessions.put("c", "plain")
     assert (sessions.get("a"), sessions.get("b"), sessions.get("c")) == ("mtp", None, "plain")
+
+
+def test_unstarted_requests_are_counted_until_their_first_byte() -> None:
+    router = Router(Routing())
+    first, second = router.admit(RequestFacts(), now=1.0), router.admit(RequestFacts(), now=1.0)
+    assert router.snapshot(1.0).backends["mtp"].not_started == 2
+    first.mark_started()
+    first.mark_started()
+    assert router.snapshot(1.0).backends["mtp"].not_started == 1
+    second.move_to("plain")
+    assert router.not_started == {"mtp": 0, "plain": 1}
+    first.release()
+    second.release()
+    assert router.not_started == {"mtp": 0, "plain": 0} and router.concurrency == 0
+
+
+def test_the_flip_to_plain_hands_out_the_burst_once() -> None:
+    router = Router(Routing(crossover=4, hysteresis=1, min_dwell_s=0))
+    leases = [router.admit(RequestFacts(), now=1.0) for _ in range(5)]
+    leases[0].mark_started()
+    moves = router.take_moves(now=1.0)
+    assert (moves.not_started, moves.running) == (3, 0)  # the 4 on mtp, less the started one
+    assert not router.take_moves(now=1.0)

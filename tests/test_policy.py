@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import Routing
-from gateway.policy import BackendView, RequestFacts, Snapshot, decide, effective_crossover
+from gateway.policy import (
+    BackendView,
+    Moves,
+    RequestFacts,
+    Snapshot,
+    decide,
+    effective_crossover,
+    plan_moves,
+)
 
 ROUTING = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0, capacity_guard=True)
 
@@ -116,3 +124,31 @@ def test_every_reason_is_covered_by_the_table() -> None:
 
     seen = {case[5] for case in CASES} | {"static_policy"}
     assert seen == set(REASONS)
+
+
+# --- moves at the flip to plain (a burst from idle) -----------------------------------------
+
+def moving(mode: str, mtp: int, not_started: int, *, plain_up: bool = True) -> Snapshot:
+    return Snapshot(mode, 0.0, {  # type: ignore[arg-type]
+        "mtp": BackendView(inflight=mtp, effective_cap=24, not_started=not_started),
+        "plain": BackendView(healthy=plain_up, inflight=1),
+    })
+
+
+@pytest.mark.parametrize(("name", "snapshot", "flipped", "routing", "expected"), [
+    ("a burst's unstarted requests leave mtp at the flip", moving("plain", 31, 31), True,
+     Routing(), Moves(not_started=31)),
+    ("streams stay unless hand-off is on", moving("plain", 31, 7), True, Routing(),
+     Moves(not_started=7)),
+    ("hand-off moves the streams too", moving("plain", 31, 7), True,
+     Routing(handoff_running=True), Moves(not_started=7, running=24)),
+    ("nothing moves between flips", moving("plain", 31, 7), False,
+     Routing(handoff_running=True), Moves()),
+    ("nothing moves in mtp mode", moving("mtp", 20, 20), True, Routing(), Moves()),
+    ("off switch", moving("plain", 31, 31), True, Routing(move_unstarted=False), Moves()),
+    ("not onto a dead plain", moving("plain", 31, 31, plain_up=False), True, Routing(), Moves()),
+    ("static policies never move", moving("plain", 31, 31), True, Routing(policy="mtp-only"),
+     Moves()),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_plan_moves(name, snapshot, flipped, routing, expected) -> None:
+    assert plan_moves(snapshot, routing, flipped=flipped) == expected

@@ -17,11 +17,13 @@ reproducible bit for bit.
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import LevelResult, RequestRecord, summarise
-from gateway.bench.workloads import Job, Outcome, Script, Send, Think, Workload
+from gateway.bench.workloads import WORD_ID_BASE, Job, Outcome, Script, Send, Think, Workload
 from gateway.config import Routing
 from gateway.load import Lease, Router
 from gateway.policy import RequestFacts
@@ -37,6 +39,26 @@ TARGET_NAMES = {"crossover": "gateway", "mtp-only": "mtp-only", "plain-only": "p
 
 def routing_for(policy: str, routing: Routing) -> Routing:
     return routing.model_copy(update={"policy": policy})
+
+
+@dataclass(eq=False)
+class _Flight:
+    """One request of the workload, wherever it runs now (a move gives it a new rid)."""
+
+    job: Job
+    lease: Lease
+    record: RequestRecord
+    done: Callable[[Outcome], None]
+    rid: str = ""
+    generated: int = 0
+
+
+def _generated_ids(rid: str, job: Job, n: int) -> tuple[int, ...]:
+    """Stand-in token ids for the text generated so far (a greedy repeated prompt repeats)."""
+    if job.greedy and job.prompt_ids:
+        return job.prompt_ids[-1:] * n
+    rng = random.Random(rid)
+    return tuple(WORD_ID_BASE + rng.randrange(512) for _ in range(n))
 
 
 def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
@@ -92,6 +114,10 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
             counters["started"] += 1
             send(job, lambda outcome, i=i: done(i, outcome))
 
+    # Live requests by their current rid, in submission order. Fixed-width rids: an abort
+    # matches by prefix, as SGLang's does, and "r1" would also abort "r10".
+    flights: dict[str, _Flight] = {}
+
     def send(job: Job, done: Callable[[Outcome], None]) -> None:
         record = RequestRecord(start=sim.now)
         records.append(record)
@@ -102,28 +128,63 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
             record.error, record.end = "no_backend", sim.now
             done(Outcome(0, error="no_backend"))
             return
-        lease = admitted
-        record.backend = lease.backend
+        record.backend = admitted.backend
+        flight = _Flight(job, admitted, record, done)
+        submit(flight, Request(f"r{next(rids):09d}", job.prompt_ids or (0,), job.max_tokens,
+                               greedy=job.greedy))
+        apply_moves()
+
+    def submit(flight: _Flight, request: Request) -> None:
+        rid = flight.rid = request.rid
+        flights[rid] = flight
+        record = flight.record
 
         def on_first(t: float) -> None:
-            record.first = t
+            if record.first is None:
+                record.first = t
+            flight.lease.mark_started()
 
         def on_chunk(t: float, n: int) -> None:
             record.tokens += n
+            flight.generated += n
             record.chunk_times.append(t)
             record.chunk_tokens.append(n)
 
         def on_finish(t: float, reason: str) -> None:
+            if flight.rid != rid:  # moved: this was the abort of its old copy
+                return
+            del flights[rid]
             record.end = t
             if reason != "length":
                 record.error = reason
-            lease.release()
-            router.remember_session(job.session, lease.backend)
-            done(Outcome(record.tokens, error=record.error))
+            flight.lease.release()
+            router.remember_session(flight.job.session, flight.lease.backend)
+            flight.done(Outcome(record.tokens, error=record.error))
 
-        request = Request(f"r{next(rids)}", job.prompt_ids or (0,), job.max_tokens, greedy=job.greedy)
-        sim.submit(lease.backend, request, on_first_token=on_first, on_chunk=on_chunk,
+        sim.submit(flight.lease.backend, request, on_first_token=on_first, on_chunk=on_chunk,
                    on_finish=on_finish)
+
+    def apply_moves() -> None:
+        moves = router.take_moves(now=sim.now)
+        if not moves:
+            return
+        on_mtp = [f for f in flights.values() if f.lease.backend == "mtp"]
+        unstarted = [f for f in on_mtp if not f.lease.started][:moves.not_started]
+        running = [f for f in on_mtp if f.lease.started][:moves.running]
+        for flight in unstarted + running:
+            move_to_plain(flight)
+
+    def move_to_plain(flight: _Flight) -> None:
+        old_rid = flight.rid
+        del flights[old_rid]
+        flight.rid = ""
+        sim.abort("mtp", old_rid)
+        flight.lease.move_to("plain")
+        flight.record.backend = "plain"
+        job = flight.job
+        prompt = (job.prompt_ids or (0,)) + _generated_ids(old_rid, job, flight.generated)
+        submit(flight, Request(f"r{next(rids):09d}", prompt, job.max_tokens - flight.generated,
+                               greedy=job.greedy))
 
     for _ in range(plan.concurrency):
         sim.at(0.0, next_script)

@@ -1,0 +1,35 @@
+"""A burst from idle, in virtual time: all C clients start together, 3 requests each (the seed's
+makespan method). Before the flip moved MTP's unstarted requests, the first `crossover` of the
+burst stayed on MTP, which ran 24 and queued the rest behind 1000-token generations while plain
+took the others; the two time-sliced the GPU until MTP drained (seed C=32: 1,267 tok/s against
+plain-only's 1,621)."""
+
+import pytest
+
+from gateway.bench.levels import plan_levels
+from gateway.bench.stats import summarise
+from gateway.bench.virtual import routing_for, run_virtual_level
+from gateway.bench.workloads import make_workload
+from gateway.config import Routing
+from gateway.sim.profile import load_profiles
+
+pytestmark = pytest.mark.timeout(120)
+ROUTING = Routing()  # the defaults: crossover 31, unstarted requests move at the flip
+
+
+def aggregate(policy: str, concurrency: int, routing: Routing = ROUTING) -> float:
+    (plan,) = plan_levels([concurrency])
+    records, wall = run_virtual_level(make_workload("seed", max_tokens=300), plan,
+                                      routing_for(policy, routing), load_profiles())
+    return summarise(policy, concurrency, records, wall).aggregate_tps
+
+
+@pytest.mark.parametrize("concurrency", [32, 64])
+def test_a_burst_from_idle_runs_as_fast_as_the_better_server(concurrency: int) -> None:
+    best = max(aggregate("mtp-only", concurrency), aggregate("plain-only", concurrency))
+    assert aggregate("crossover", concurrency) >= 0.95 * best
+
+
+def test_without_the_move_the_burst_is_pinned_on_mtp() -> None:
+    pinned = aggregate("crossover", 32, ROUTING.model_copy(update={"move_unstarted": False}))
+    assert pinned < 0.9 * aggregate("plain-only", 32)
