@@ -5,6 +5,10 @@ each backend's `/v1/loads` (cheap: SGLang serves a snapshot; `/health` runs a ge
 takes over a second, so it would misfire under load) and, less often, `/server_info` for the
 effective running cap and the speculative accept length, and `/v1/models` for the served
 model. Probes mark a backend down after `fall` failures and up after `rise` successes.
+A backend without `/v1/loads` or `/server_info` (404/405: an OpenAI-compatible server that is
+not SGLang, or SGLang's own router in front of a pool) stays usable: `/v1/models` is its probe,
+the gateway routes on its own in-flight counts, and says so once in the log and in
+`/admin/state` (`missing_endpoints`).
 
 `CircuitBreaker` counts failures of real requests: `circuit_failures` in a row open the
 circuit for `circuit_open_s`; then one trial is let through (half-open): success closes it,
@@ -14,19 +18,29 @@ failure opens it again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import BACKEND_NAMES, BackendName, Settings
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, UpstreamConnectError
 from gateway.load import Router
 from gateway.upstream import Upstream
 
 log = logging.getLogger("mtp_gateway.monitor")
 
 SERVER_INFO_EVERY = 5  # probes between /server_info reads (the cap rarely changes)
+NOT_PROVIDED = (404, 405)  # the server answers, but has no such endpoint
+LOADS, SERVER_INFO = "/v1/loads", "/server_info"
+
+
+class _Missing:
+    """An optional endpoint the backend does not have."""
+
+
+MISSING = _Missing()
 
 
 class CircuitBreaker:
@@ -115,6 +129,8 @@ class Monitor:
         self.streaks = {name: ProbeStreak() for name in BACKEND_NAMES}
         self.models: dict[BackendName, set[str]] = {name: set() for name in BACKEND_NAMES}
         self.model_payload: dict[str, Any] | None = None  # one backend's /v1/models answer
+        # Optional endpoints each backend answered 404/405 on at its last reading.
+        self.missing: dict[BackendName, frozenset[str]] = {n: frozenset() for n in BACKEND_NAMES}
         self._rounds = 0
 
     def served_models(self) -> set[str]:
@@ -137,12 +153,16 @@ class Monitor:
         budget = self.settings.monitor.request_timeout_s
         headers = [(b"authorization", f"Bearer {backend.api_key}".encode())] if backend.api_key else []
         health = self.router.health[name]
+        missing = set(self.missing[name])
         try:
-            loads = await self.upstream.get_json(backend.url + "/v1/loads", headers, budget)
-            if self._rounds % SERVER_INFO_EVERY == 0 or health.effective_cap is None:
-                info = await self.upstream.get_json(backend.url + "/server_info", headers, budget)
+            loads = await self._get_optional(backend.url + LOADS, headers, budget)
+            if self._rounds % SERVER_INFO_EVERY == 0 or (
+                    health.effective_cap is None and SERVER_INFO not in missing):
+                info = await self._get_optional(backend.url + SERVER_INFO, headers, budget)
+                self._note(missing, SERVER_INFO, info)
                 health.effective_cap, health.accept_length = parse_server_info(info)
-            if not self.models[name]:
+            self._note(missing, LOADS, loads)
+            if not self.models[name] or loads is MISSING:  # /v1/models: the probe left
                 models = await self.upstream.get_json(backend.url + "/v1/models", headers, budget)
                 self.models[name] = parse_models(models)
                 if isinstance(models, dict) and self.models[name]:
@@ -155,10 +175,41 @@ class Monitor:
             # A 200 that is not what SGLang sends: not JSON, not UTF-8, a count that is no number.
             self._probe_failed(name, f"unexpected answer ({type(exc).__name__})")
             return
+        self._set_missing(name, frozenset(missing))
         if running_waiting is not None:
             health.reported_running, health.reported_waiting = running_waiting
             health.reported_at = time.monotonic()
         self._probe_ok(name)
+
+    async def _get_optional(self, url: str, headers: list[tuple[bytes, bytes]],
+                            budget: float) -> object:
+        """JSON of an endpoint only SGLang has; MISSING when the server answers 404/405."""
+        status, body = await self.upstream.request("GET", url, headers, None, budget)
+        if status in NOT_PROVIDED:
+            return MISSING
+        if status != 200:
+            raise UpstreamConnectError(f"{url} answered {status}")
+        return json.loads(body)
+
+    @staticmethod
+    def _note(missing: set[str], path: str, answer: object) -> None:
+        if answer is MISSING:
+            missing.add(path)
+        else:
+            missing.discard(path)
+
+    def _set_missing(self, name: BackendName, missing: frozenset[str]) -> None:
+        """Log once per change, not every probe."""
+        if missing == self.missing[name]:
+            return
+        self.missing[name] = missing
+        if missing:
+            log.warning("backend %s has no %s: routing on the gateway's own in-flight counts%s",
+                        name, " or ".join(sorted(missing)),
+                        ", without its running cap or accept length" if SERVER_INFO in missing
+                        else "")
+        else:
+            log.warning("backend %s answers /v1/loads and /server_info again", name)
 
     def _probe_ok(self, name: BackendName) -> None:
         streak = self.streaks[name]

@@ -38,6 +38,14 @@ def require_metrics_access(request: Request) -> None:
         require_admin(request)
 
 
+def fallback_state(missing: frozenset[str]) -> dict[str, Any]:
+    """What a backend lacking SGLang's own endpoints costs the routing (monitor.py)."""
+    fallback = None
+    if missing:
+        fallback = f"no {', '.join(sorted(missing))}: routed on the gateway's own in-flight counts"
+    return {"missing_endpoints": sorted(missing), "fallback": fallback}
+
+
 def routing_state(runtime: Any, *, with_urls: bool) -> dict[str, Any]:
     """The router's state as JSON: what /admin/state and the dashboard show."""
     r = runtime.router
@@ -50,6 +58,7 @@ def routing_state(runtime: Any, *, with_urls: bool) -> dict[str, Any]:
             "effective_cap": health.effective_cap,
             "accept_length": health.accept_length, "running": health.reported_running,
             "waiting": health.reported_waiting,
+            **fallback_state(runtime.monitor.missing[name]),
         }
         if with_urls:
             backends[name]["url"] = runtime.settings.backends.get(name).url
