@@ -63,7 +63,7 @@ async def gateway_with_minimal_mtp(backend: MinimalOpenAI) -> AsyncIterator[Any]
     """The gateway with the minimal server as `mtp` and a simulated SGLang server as `plain`.
     The monitor's own loop runs once; the test drives every further probe round."""
     async with serve_app(backend.app) as minimal_url, \
-            start_sim_pair(SimOptions(time_scale=0.02)) as pair:
+            start_sim_pair(SimOptions(speed=50)) as pair:
         backends = SimpleNamespace(urls={"mtp": minimal_url, "plain": pair.urls["plain"]})
         async with live_gateway(backends, monitor={"interval_s": 3600.0},
                                 auth={"admin_key": "admin"}) as gateway:
