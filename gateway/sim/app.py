@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
-import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
@@ -29,25 +30,38 @@ from gateway.sim.engine import Request as EngineRequest
 from gateway.sim.faults import Faults, FaultState
 from gateway.sim.live import LiveEngine
 from gateway.sim.metrics import SimMetrics
-from gateway.sim.text import chat_prompt_text, content_text, plan_output, thinking_requested, token_ids
+from gateway.sim.requests import (
+    RequestError,
+    anthropic_chosen_tool,
+    anthropic_thinking,
+    anthropic_tools,
+    chosen_tool,
+    max_tokens_of,
+    read_json,
+    responses_chosen_tool,
+    stream_flag,
+)
+from gateway.sim.requests import last_is_user as _last_is_user
+from gateway.sim.responses_store import STORE_DISABLED, ResponsesStore
+from gateway.sim.text import (
+    chat_prompt_text,
+    content_text,
+    plan_output,
+    responses_prompt_text,
+    thinking_requested,
+    token_ids,
+)
 
 VERSION = "0.5.23"
 HEALTH_MIN_S = 1.0  # SGLang's /health generates one token and polls in 1 s sleeps
 HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
 OPEN_PATHS = ("/health", "/ready", "/metrics")  # never need the API key, as in SGLang
+ADMIN_OPTIONAL_PATHS = frozenset({"/abort_request"})  # of the routes the simulator has
 T = TypeVar("T")
 
 
 class SimulatedCrash(Exception):
     """Raised inside a response so uvicorn drops the connection mid-way (crash fault)."""
-
-
-class RequestError(Exception):
-    """A bad request, answered with SGLang's flat error object."""
-
-    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.status, self.err_type = status, err_type
 
 
 def json_response(body: Any, status: int = 200) -> Response:
@@ -57,6 +71,73 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 def openai_error(status: int, message: str, err_type: str) -> Response:
     return json_response(formats.openai_error_body(status, message, err_type), status)
+
+
+# How each API answers a request refused before any output (validation, a sim fault) ...
+
+
+def _openai_refusal(exc: RequestError) -> Response:
+    """serving_base.py:205, flat."""
+    return openai_error(exc.status, str(exc), exc.err_type)
+
+
+def _anthropic_refusal(exc: RequestError) -> Response:
+    """anthropic/serving.py:1409: ``{"type": "error", "error": {type, message}}``."""
+    return json_response(formats.anthropic_error_body(exc.status, str(exc)), exc.status)
+
+
+def _responses_refusal(exc: RequestError) -> Response:
+    """serving_responses.py:246, nested under "error"."""
+    err_type = "invalid_request_error" if exc.err_type == "BadRequestError" else exc.err_type
+    return json_response(formats.responses_error_body(exc.status, str(exc), err_type, exc.param), exc.status)
+
+
+# ... and a non-stream request the scheduler aborted with an HTTP status (a full queue: 503).
+# tokenizer_manager.py:1917 raises ValueError for a 400, HTTPException otherwise.
+
+
+def _openai_aborted(status: int, message: str) -> Response:
+    """serving_base.py:117: HTTPException -> type str(status)."""
+    return openai_error(status, message, "BadRequestError" if status == 400 else str(status))
+
+
+def _anthropic_aborted(status: int, message: str) -> Response:
+    """anthropic/serving.py:780: a 5xx message is scrubbed to "Internal server error"."""
+    return _anthropic_refusal(RequestError("Internal server error" if status >= 500 else message, status))
+
+
+def _responses_aborted(status: int, message: str) -> Response:
+    """serving_responses.py:730: the HTTPException is caught as any exception and becomes a 400
+    whose message is str(exc), "503: The request queue is full."."""
+    text = message if status == 400 else f"{status}: {message}"
+    return _responses_refusal(RequestError(text, err_type="invalid_request_error"))
+
+
+@dataclass(frozen=True)
+class Api:
+    """One generation endpoint: how it parses a request, renders it, and answers failures."""
+
+    parse: Callable[[dict[str, Any]], formats.Job]
+    renderer: Callable[[formats.Job], formats.Renderer]
+    body: Callable[[formats.Job, int, str], dict[str, Any]]
+    refuse: Callable[[RequestError], Response]
+    aborted: Callable[[int, str], Response]
+    kick_started: bool = False  # a raise before the first chunk is an HTTP error (chat, completions)
+    stream_optional: bool = True  # `stream: Optional[bool]` (null allowed)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A request that ends before its first token: a status abort, or a raise (a 400)."""
+
+    status: int
+    message: str
+    raised: bool = False
+
+
+async def replay(events: list[bytes]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event
 
 
 @dataclass
@@ -70,11 +151,16 @@ class ServerIdentity:
 
 
 class ApiKeyMiddleware:
-    """``--api-key``: Bearer token on everything but health, readiness and metrics (pure ASGI,
-    so client disconnects still reach the app)."""
+    """``--api-key`` and ``--admin-api-key`` (utils/auth.py:decide_request_auth): health,
+    readiness and metrics are open; /abort_request (AuthLevel.ADMIN_OPTIONAL,
+    http_server.py:1722) takes the admin key when one is set, else the API key, else nothing;
+    every other route the API key when set. A refusal is 401 ``{"error": "Unauthorized"}``
+    (pure ASGI, so client disconnects still reach the app)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app, self._key = app, api_key.encode()
+    def __init__(self, app: ASGIApp, api_key: str | None, admin_api_key: str | None = None) -> None:
+        self.app = app
+        self._key = api_key.encode() if api_key else None
+        self._admin_key = admin_api_key.encode() if admin_api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self._allowed(scope):
@@ -85,9 +171,14 @@ class ApiKeyMiddleware:
     def _allowed(self, scope: Scope) -> bool:
         if scope["method"] == "OPTIONS" or scope["path"].startswith(OPEN_PATHS):
             return True
+        key = self._key
+        if scope["path"] in ADMIN_OPTIONAL_PATHS and self._admin_key is not None:
+            key = self._admin_key
+        if key is None:
+            return True
         auth = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = auth.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token, key)
 
 
 class CrashResponse(Response):
@@ -103,17 +194,20 @@ class CrashResponse(Response):
 class SimApp:
     """Handlers of one simulated server; ``build()`` makes the ASGI app."""
 
-    def __init__(self, identity: ServerIdentity, live: LiveEngine, faults: FaultState) -> None:
+    def __init__(self, identity: ServerIdentity, live: LiveEngine, faults: FaultState,
+                 enable_response_store: bool = False) -> None:  # fmt: skip
         self.identity = identity
         self.live = live
         self.faults = faults
         self.profile = live.engine.profile
         self.metrics = SimMetrics(live.engine, live.speed)
         self.started = time.time()
+        self.apis = self._apis()
+        self.responses_store = ResponsesStore(enable_response_store)
 
-    def build(self, api_key: str | None = None) -> ASGIApp:
+    def build(self, api_key: str | None = None, admin_api_key: str | None = None) -> ASGIApp:
         app = Starlette(routes=self._routes())
-        return ApiKeyMiddleware(app, api_key) if api_key else app
+        return ApiKeyMiddleware(app, api_key, admin_api_key) if api_key or admin_api_key else app
 
     def _routes(self) -> list[Route]:
         get, post = ["GET"], ["POST"]
@@ -121,7 +215,10 @@ class SimApp:
             Route("/v1/chat/completions", self.chat, methods=post),
             Route("/v1/completions", self.completions, methods=post),
             Route("/v1/messages", self.messages, methods=post),
+            Route("/v1/messages/count_tokens", self.count_tokens, methods=post),
             Route("/v1/responses", self.responses, methods=post),
+            Route("/v1/responses/{response_id}", self.get_response, methods=get),
+            Route("/v1/responses/{response_id}/cancel", self.cancel_response, methods=post),
             Route("/v1/models", self.models, methods=get),
             Route("/v1/models/{model:path}", self.model_card, methods=get),
             Route("/model_info", self.model_info, methods=get),
@@ -141,57 +238,45 @@ class SimApp:
 
     # --- generation endpoints ------------------------------------------------------------
 
+    def _apis(self) -> dict[str, Api]:
+        chat_aborted = _openai_aborted
+        return {
+            "chat": Api(self._parse_chat, formats.ChatRenderer, formats.chat_body, _openai_refusal,
+                        chat_aborted, kick_started=True, stream_optional=False),
+            "completions": Api(self._parse_completion, formats.CompletionRenderer, formats.completion_body,
+                               _openai_refusal, chat_aborted, kick_started=True, stream_optional=False),
+            "messages": Api(self._parse_messages, formats.MessagesRenderer, formats.anthropic_message,
+                            _anthropic_refusal, _anthropic_aborted),
+            "responses": Api(self._parse_responses, formats.ResponsesRenderer,
+                             formats.responses_final_body, _responses_refusal, _responses_aborted),
+        }  # fmt: skip
+
     async def chat(self, request: Request) -> Response:
-        return await self._openai(request, self._parse_chat, formats.ChatRenderer, formats.chat_body)
+        return await self._serve(request, self.apis["chat"])
 
     async def completions(self, request: Request) -> Response:
-        return await self._openai(
-            request, self._parse_completion, formats.CompletionRenderer, formats.completion_body
-        )
-
-    async def _openai(
-        self,
-        request: Request,
-        parse: Callable[[dict[str, Any]], formats.Job],
-        renderer: Callable[[formats.Job], formats.Renderer],
-        body_of: Callable[[formats.Job, int, str], dict[str, Any]],
-    ) -> Response:
-        try:
-            body = await read_json(request)
-            job = parse(body)
-        except RequestError as exc:
-            return openai_error(exc.status, str(exc), exc.err_type)
-        return await self._generate(request, job, bool(body.get("stream")), renderer, body_of)
+        return await self._serve(request, self.apis["completions"])
 
     async def messages(self, request: Request) -> Response:
-        try:
-            body = await read_json(request)
-            job = self._parse_messages(body)
-        except RequestError as exc:
-            error = {"type": "invalid_request_error", "message": str(exc)}
-            return json_response({"type": "error", "error": error}, exc.status)
-        stream = bool(body.get("stream"))
-        return await self._generate(
-            request, job, stream, formats.MessagesRenderer, formats.messages_body
-        )
+        return await self._serve(request, self.apis["messages"])
 
     async def responses(self, request: Request) -> Response:
+        return await self._serve(request, self.apis["responses"])
+
+    async def _serve(self, request: Request, api: Api) -> Response:
         try:
             body = await read_json(request)
-            job = self._parse_responses(body)
+            stream = stream_flag(body, api.stream_optional)
+            job = api.parse(body)
         except RequestError as exc:
-            error = formats.openai_error_body(exc.status, str(exc), "invalid_request_error")
-            return json_response({"error": error}, exc.status)
-        stream = bool(body.get("stream"))
-        return await self._generate(
-            request, job, stream, formats.ResponsesRenderer, formats.responses_final_body
-        )
+            return api.refuse(exc)
+        return await self._generate(request, job, stream, api)
 
     # --- parsing -------------------------------------------------------------------------
 
     def _job(
-        self, body: dict[str, Any], prompt_text: str, prompt_ids: list[int], max_tokens: int | None,
-        thinking: bool = False, tool_name: str | None = None,
+        self, body: dict[str, Any], text: str, prompt_ids: list[int], max_tokens: int | None,
+        thinking: bool = False, tool_name: str | None = None, **extra: Any,
     ) -> formats.Job:  # fmt: skip
         room = self.profile.context_length - len(prompt_ids)
         if not prompt_ids:
@@ -202,27 +287,47 @@ class SimApp:
                 f"length ({self.profile.context_length} tokens)."
             )
         ignore_eos = bool(body.get("ignore_eos"))
-        plan = plan_output(self.identity.seed, prompt_text, max_tokens, ignore_eos, thinking, room)
-        rid = body.get("rid")
-        if rid is not None and not isinstance(rid, str):
-            raise RequestError("'rid' must be a string")
+        plan = plan_output(self.identity.seed, text, max_tokens, ignore_eos, thinking, room)
         options = body.get("stream_options") or {}
+        model = str(body.get("model") or "default")
         return formats.Job(
-            rid=rid or formats.new_rid(),
-            model=str(body.get("model") or "default"),
+            rid=extra.pop("rid", None) or self._rid_of(body),
+            model=model,
             created=int(time.time()),
             prompt_ids=prompt_ids,
             plan=plan,
             greedy=body.get("temperature") == 0,
             include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
             tool_name=tool_name,
+            start_error=self._lora_error(model),
+            **extra,
         )
+
+    @staticmethod
+    def _rid_of(body: dict[str, Any]) -> str:
+        rid = body.get("rid")
+        if rid is not None and not isinstance(rid, str):
+            raise RequestError("'rid' must be a string")
+        return rid or formats.new_rid()
+
+    def _lora_error(self, model: str) -> str | None:
+        """serving_base.py:40 reads `base:adapter` as a LoRA adapter; with LoRA off (as here)
+        generate_request raises (tokenizer_manager.py:3729). No other check of the name."""
+        served = self.profile.served_model_name
+        if ":" not in model or model == served:
+            return None
+        adapter = model[len(served) + 1 :] if model.startswith(served + ":") else model.split(":", 1)[1]
+        if not adapter.strip():
+            return None
+        return (f"LoRA adapter '{adapter.strip()}' was requested, but LoRA is not enabled. Please "
+                "launch the server with --enable-lora flag and preload adapters using --lora-paths "
+                "or /load_lora_adapter endpoint.")  # fmt: skip
 
     def _parse_chat(self, body: dict[str, Any]) -> formats.Job:
         tools = body.get("tools")
         try:
             text = chat_prompt_text(body.get("messages"), tools)
-            tool = forced_tool(tools, body.get("tool_choice"))
+            tool = chosen_tool(tools, body.get("tool_choice"), _last_is_user(body.get("messages")))
             thinking = thinking_requested(body)
         except ValueError as exc:
             raise RequestError(str(exc)) from exc
@@ -240,59 +345,109 @@ class SimApp:
         return self._job(body, text, ids, max_tokens_of(body, "max_tokens"))
 
     def _parse_messages(self, body: dict[str, Any]) -> formats.Job:
+        """Anthropic requests carry no rid SGLang reads (anthropic/protocol.py:370): each
+        gets a fresh one, so only a disconnect can abort it."""
+        if not body.get("model"):
+            raise RequestError("model: Model is required")
         max_tokens = max_tokens_of(body, "max_tokens")
         if max_tokens is None:
             raise RequestError("max_tokens: Field required")
+        text, tool, thinking = self._anthropic_prompt(body)
+        return self._job({**body, "rid": None}, text, token_ids(text), max_tokens, thinking, tool)
+
+    def _anthropic_prompt(self, body: dict[str, Any]) -> tuple[str, str | None, bool]:
+        """(prompt text, the tool to call or None, thinking) of a Messages request, as
+        anthropic/serving.py:218 converts it; conversion errors are 400s."""
         try:
             system = content_text(body.get("system"))
-            text = chat_prompt_text(body.get("messages"))
+            messages = body.get("messages")
+            tools = anthropic_tools(body.get("tools"))
+            text = chat_prompt_text(messages, tools or None)
+            tool = anthropic_chosen_tool(tools, body.get("tool_choice"), _last_is_user(messages))
+            thinking = anthropic_thinking(body.get("thinking"))
         except ValueError as exc:
             raise RequestError(str(exc)) from exc
-        text = f"{system}\n{text}" if system else text
-        return self._job(body, text, token_ids(text), max_tokens)
+        return (f"{system}\n{text}" if system else text), tool, thinking
 
     def _parse_responses(self, body: dict[str, Any]) -> formats.Job:
-        given = body.get("input")
+        previous = body.get("previous_response_id")
+        if previous is not None and not self.responses_store.enabled:
+            raise RequestError(STORE_DISABLED, err_type="invalid_request_error", param="previous_response_id")
+        self._check_responses_model(body.get("model"))
+        tools = body.get("tools") or []
         try:
-            text = given if isinstance(given, str) else chat_prompt_text(given)
+            tool = responses_chosen_tool(tools, body.get("tool_choice", "auto"), body.get("input"))
+            text = responses_prompt_text(body.get("input"))
         except ValueError as exc:
-            raise RequestError(f"'input' must be a string or a list of messages: {exc}") from exc
+            raise RequestError(str(exc), param=getattr(exc, "param", None)) from exc
+        if previous is not None:
+            text = self.responses_store.history(previous) + "\n" + text
         if body.get("instructions"):
             text = f"{body['instructions']}\n{text}"
-        return self._job(body, text, token_ids(text), max_tokens_of(body, "max_output_tokens"))
+        rid = body.get("request_id") or f"resp_{uuid.uuid4().hex}"  # protocol.py:1973
+        if not isinstance(rid, str):
+            raise RequestError("request_id: Input should be a valid string", err_type="Bad Request")
+        echo = {key: body[key] for key in formats.RESPONSES_ECHO if key in body}
+        store = self.responses_store.enabled and body.get("store", True) is not False
+        job = self._job(body, text, token_ids(text), max_tokens_of(body, "max_output_tokens"),
+                        thinking_requested(body), tool, rid=rid, echo=echo, store=store,
+                        prompt_text=text if store else "")  # fmt: skip
+        return dataclasses.replace(job, model=body.get("model") or self.profile.served_model_name)
+
+    def _check_responses_model(self, model: Any) -> None:
+        """serving_responses.py:297: None is whatever is loaded; else the served name, or
+        `served:adapter`."""
+        served = self.profile.served_model_name
+        if model is None or model == served or str(model).split(":", 1)[0] == served:
+            return
+        raise RequestError(f"The model '{model}' does not exist", 404, "invalid_request_error", "model")
 
     # --- running a job -------------------------------------------------------------------
 
-    async def _generate(
-        self,
-        request: Request,
-        job: formats.Job,
-        stream: bool,
-        renderer: Callable[[formats.Job], formats.Renderer],
-        body_of: Callable[[formats.Job, int, str], dict[str, Any]],
-    ) -> Response:
+    async def _generate(self, request: Request, job: formats.Job, stream: bool, api: Api) -> Response:
         started = time.perf_counter()
         status = self.faults.take_failure()
         if status is not None:
-            return openai_error(status, "Simulated failure (sim fault).", "InternalServerError")
+            return api.refuse(RequestError("Simulated failure (sim fault).", status, "InternalServerError"))
         try:
             await until_or_disconnect(self.faults.wait_unhung(), request)
         except ClientGone:
             return Response(status_code=499)  # nobody is listening any more
+        failure = self._failure_at_start(job)
+        if failure is None:
+            try:
+                engine_request = EngineRequest(job.rid, job.prompt_ids, len(job.plan.words), greedy=job.greedy)
+                queue = self.live.submit(engine_request)
+            except QueueFullError:
+                failure = Failure(503, formats.QUEUE_FULL)
+            except ValueError as exc:
+                return api.refuse(RequestError(str(exc), err_type="BadRequest"))
+        if failure is not None:
+            return self._fail(job, stream, api, failure)
         try:
-            engine_request = EngineRequest(
-                job.rid, job.prompt_ids, len(job.plan.words), greedy=job.greedy
-            )
-            queue = self.live.submit(engine_request)
-        except QueueFullError as exc:
-            return openai_error(503, str(exc), "503")
-        except ValueError as exc:
-            return openai_error(400, str(exc), "BadRequest")
-        try:
-            return await self._respond(request, job, stream, queue, started, renderer, body_of)
+            return await self._respond(request, job, stream, queue, started, api)
         except ClientGone:
             self.live.disconnect(job.rid)
             return Response(status_code=499)
+
+    def _failure_at_start(self, job: formats.Job) -> Failure | None:
+        if job.start_error is not None:  # raised inside generate_request before any output
+            return Failure(400, job.start_error, raised=True)
+        status = self.faults.take_abort_at_start()
+        return None if status is None else Failure(status, "Simulated abort (sim fault).")
+
+    def _fail(self, job: formats.Job, stream: bool, api: Api, failure: Failure) -> Response:
+        """A request that ends before its first token (a full queue, a status abort, a raise):
+        SGLang answers a stream with HTTP 200 and the error inside (tokenizer_manager.py:1891),
+        except where a kick-started stream sees the raise first (serving_chat.py:2422)."""
+        if not stream:
+            return api.aborted(400 if failure.raised else failure.status, failure.message)
+        if failure.raised and api.kick_started:
+            return api.refuse(RequestError(failure.message))
+        renderer = api.renderer(job)
+        events = renderer.abort(400 if failure.raised else failure.status, failure.message)
+        self._store(job, renderer)
+        return StreamingResponse(replay(events), media_type="text/event-stream")
 
     async def _respond(
         self,
@@ -301,8 +456,7 @@ class SimApp:
         stream: bool,
         queue: asyncio.Queue[Output],
         started: float,
-        renderer: Callable[[formats.Job], formats.Renderer],
-        body_of: Callable[[formats.Job, int, str], dict[str, Any]],
+        api: Api,
     ) -> Response:
         if self.faults.faults.crash_after_chunks is not None and not stream:
             self.live.disconnect(job.rid)
@@ -311,11 +465,14 @@ class SimApp:
         first = await until_or_disconnect(queue.get(), request)
         self.metrics.first_token(time.perf_counter() - started)
         if stream:
-            events = self._stream(job, renderer(job), first, queue, started)
+            events = self._stream(job, api.renderer(job), first, queue, started)
             return StreamingResponse(events, media_type="text/event-stream")
         generated, reason = await until_or_disconnect(collect(first, queue), request)
         self._record(job, generated, reason, started)
-        return json_response(body_of(job, generated, reason))
+        body = api.body(job, generated, reason)
+        if job.store:
+            self.responses_store.put(job, body)
+        return json_response(body)
 
     async def _stream(
         self,
@@ -327,6 +484,7 @@ class SimApp:
     ) -> AsyncIterator[bytes]:
         faults = self.faults.faults
         budget = _EventBudget(faults.crash_after_chunks, faults.error_after_chunks)
+        abort_status = faults.abort_status or 500
         finished = False
         last = time.perf_counter()
         try:
@@ -350,17 +508,23 @@ class SimApp:
                 raise SimulatedCrash
             if budget.errored:
                 self.live.abort(job.rid, exact=True)
-                for event in renderer.error(500, "Simulated mid-stream failure (sim fault)."):
+                for event in renderer.abort(abort_status, "Simulated mid-stream failure (sim fault)."):
                     yield event
             else:
                 for event in renderer.end(output.finish_reason or "abort"):
                     yield event
                 self._record(job, renderer.generated, output.finish_reason or "abort", started)
+            self._store(job, renderer)
             finished = True
         finally:
             if not finished:
                 self.live.disconnect(job.rid)
                 self._record(job, renderer.generated, "abort", started)
+
+    def _store(self, job: formats.Job, renderer: formats.Renderer) -> None:
+        final = getattr(renderer, "final", None)
+        if job.store and final is not None:
+            self.responses_store.put(job, final)
 
     def _record(self, job: formats.Job, generated: int, reason: str, started: float) -> None:
         e2e = time.perf_counter() - started
@@ -484,12 +648,47 @@ class SimApp:
         return Response(status_code=200)
 
     async def abort_request(self, request: Request) -> Response:
+        """tokenizer_manager.py:2241: an empty rid without abort_all is ignored, and so is a rid
+        the server is not running (a prefix, an `n > 1` parent rid, a finished request): only
+        a known rid reaches the scheduler, whose prefix match (scheduler.py:5688) then also
+        takes the requests it prefixes."""
         try:
             body = await read_json(request)
         except RequestError as exc:
             return openai_error(exc.status, str(exc), exc.err_type)
-        self.live.abort(str(body.get("rid") or ""), bool(body.get("abort_all")))
+        rid, abort_all = str(body.get("rid") or ""), bool(body.get("abort_all"))
+        if abort_all or rid in self.live.engine:
+            self.live.abort(rid, abort_all)
         return Response(status_code=200)
+
+    # --- Anthropic token counting and stored responses -----------------------------------
+
+    async def count_tokens(self, request: Request) -> Response:
+        """anthropic/serving.py:1439: the converted prompt's length."""
+        try:
+            body = await read_json(request)
+            if not body.get("model"):
+                raise RequestError("model: Field required")
+            text, _, _ = self._anthropic_prompt(body)
+        except RequestError as exc:
+            return _anthropic_refusal(exc)
+        return json_response({"input_tokens": len(token_ids(text))})
+
+    async def get_response(self, request: Request) -> Response:
+        try:
+            return json_response(self.responses_store.get(request.path_params["response_id"]))
+        except RequestError as exc:
+            return _responses_refusal(exc)
+
+    async def cancel_response(self, request: Request) -> Response:
+        response_id = request.path_params["response_id"]
+        try:
+            body, running = self.responses_store.cancel(response_id)
+        except RequestError as exc:
+            return _responses_refusal(exc)
+        if running:  # the response id is the rid (serving_responses.py:1929)
+            self.live.abort(response_id, exact=True)
+        return json_response(body)
 
     async def prometheus(self, request: Request) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -544,49 +743,6 @@ class _EventBudget:
 
 
 # --- helpers --------------------------------------------------------------------------------
-
-
-async def read_json(request: Request) -> dict[str, Any]:
-    """The JSON object body; SGLang insists on the content type (validate_json_request)."""
-    if not request.headers.get("content-type", "").startswith("application/json"):
-        raise RequestError("Unsupported Media Type: Only 'application/json' is allowed")
-    try:
-        body = json.loads(await request.body())
-    except ValueError as exc:
-        raise RequestError(f"JSON decode error: {exc}") from exc
-    if not isinstance(body, dict):
-        raise RequestError("The request body must be a JSON object")
-    return body
-
-
-def max_tokens_of(body: dict[str, Any], *keys: str) -> int | None:
-    for key in keys:
-        value = body.get(key)
-        if value is None:
-            continue
-        if type(value) is not int or value < 1:
-            raise RequestError(f"'{key}' must be a positive integer", err_type="Bad Request")
-        return value
-    return None
-
-
-def forced_tool(tools: Any, tool_choice: Any) -> str | None:
-    """The function a request forces (``tool_choice`` "required" or a named function)."""
-    if not isinstance(tools, list) or not tools:
-        return None
-    if isinstance(tool_choice, dict):
-        return str(_function_of(tool_choice).get("name") or "") or None
-    if tool_choice == "required":
-        first = tools[0] if isinstance(tools[0], dict) else {}
-        return str(_function_of(first).get("name") or "tool")
-    return None
-
-
-def _function_of(entry: dict[str, Any]) -> dict[str, Any]:
-    function = entry.get("function") or {}
-    if not isinstance(function, dict):
-        raise ValueError("'function' must be an object")
-    return function
 
 
 async def collect(first: Output, queue: asyncio.Queue[Output]) -> tuple[int, str]:

@@ -3,19 +3,35 @@
 A renderer turns engine outputs into SSE events (bytes). Chunk bytes are assembled from
 pre-built pieces, because 128 streams share two cores with the gateway and the load generator;
 the text pieces are ASCII words (see text.WORDS), so they go into JSON strings unescaped.
+Source references (file:line) are SGLang 0.5.23's, under ``sglang/srt/``; docs/compat.md has
+the full table.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from gateway.sim.engine import Output
 from gateway.sim.text import IM_END_TOKEN_ID, Plan, TextCursor, split_answer
 
 DONE = b"data: [DONE]\n\n"
+QUEUE_FULL = "The request queue is full."  # managers/scheduler.py:3562
+
+# entrypoints/anthropic/serving.py:74 (ERROR_TYPE_MAP) and :68 (STOP_REASON_MAP; the rest,
+# "abort" included, falls back to end_turn).
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                         403: "permission_error", 404: "not_found_error",
+                         408: "request_timeout_error", 429: "rate_limit_error", 500: "api_error",
+                         502: "api_error", 503: "overloaded_error", 504: "api_error"}  # fmt: skip
+ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+# Request fields a Responses body repeats (protocol.py:2367, from_request).
+RESPONSES_ECHO = ("parallel_tool_calls", "tool_choice", "tools", "instructions", "max_output_tokens",
+                  "previous_response_id", "store", "temperature", "top_p", "truncation", "user",
+                  "metadata")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -30,16 +46,29 @@ class Job:
     greedy: bool = False
     include_usage: bool = False
     tool_name: str | None = None
+    # serving_chat.py:3139: a fresh "call_" + 24 hex digits of a uuid4 per tool call.
+    tool_id: str = field(default_factory=lambda: new_tool_call_id())
+    echo: dict[str, Any] = field(default_factory=dict)  # request fields a Responses body repeats
+    start_error: str | None = None  # what generate_request raises before any output (a 400)
+    store: bool = False  # a Responses request kept in the server's response store
+    prompt_text: str = ""  # kept for a stored response's follow-ups only
 
     def finish_reason(self, engine_reason: str) -> str:
-        """Engine "length" means the plan ran out: a natural stop, the length limit or a tool call."""
+        """Engine "length" means the plan ran out: a natural stop, the length limit or a tool
+        call (a stop after tool calls is reported as "tool_calls", serving_chat.py:2646)."""
         if engine_reason == "abort":
             return "abort"
-        return "tool_calls" if self.tool_name else self.plan.finish_reason
+        if self.tool_name and self.plan.finish_reason == "stop":
+            return "tool_calls"
+        return self.plan.finish_reason
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids)
+
+
+def new_tool_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def compact(obj: Any) -> str:
@@ -50,8 +79,26 @@ def openai_error_body(status: int, message: str, err_type: str) -> dict[str, Any
     return {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
 
 
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    error_type = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def responses_error_body(status: int, message: str, err_type: str = "invalid_request_error",
+                         param: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """serving_responses.py:246: the nested error of /v1/responses."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
+def streaming_error_event(status: int, message: str) -> bytes:
+    """serving_base.py:223 with the abort's HTTPStatus name as type (serving_chat.py:2568);
+    json.dumps with its default spaces, unlike the chunks."""
+    error = openai_error_body(status, message, HTTPStatus(status).name)
+    return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
+
+
 def matched_stop(reason: str) -> int | None:
-    return IM_END_TOKEN_ID if reason == "stop" else None
+    return IM_END_TOKEN_ID if reason in ("stop", "tool_calls") else None
 
 
 def chat_usage(prompt: int, completion: int, reasoning: int) -> dict[str, Any]:
@@ -72,34 +119,45 @@ def tool_arguments(content: str, at_start: bool, at_end: bool) -> str:
 
 
 class Renderer:
-    """Events of one stream: ``begin`` before the first output, ``output`` per engine output,
-    ``end`` after the last, ``error`` for SGLang's mid-stream error."""
+    """Events of one stream: ``begin`` with the first output, ``output`` per engine output,
+    ``end`` after the last, ``abort`` for SGLang's abort with an HTTP status (a full queue, a
+    scheduler error), which may come before ``begin`` or between outputs."""
 
     def __init__(self, job: Job) -> None:
         self.job = job
         self.cursor = TextCursor(job.plan)
         self.generated = 0
+        self.begun = False
 
     def begin(self) -> list[bytes]:
+        self.begun = True
         return []
 
     def output(self, output: Output) -> list[bytes]:
         self.generated += output.tokens
-        return [self._segment(kind, text) for kind, text in self.cursor.take(output.tokens)]
+        events = []
+        for kind, text in self.cursor.take(output.tokens):
+            events += self._segment(kind, text)
+        return events
 
-    def _segment(self, kind: str, text: str) -> bytes:
+    def _segment(self, kind: str, text: str) -> list[bytes]:
         raise NotImplementedError
 
     def end(self, engine_reason: str) -> list[bytes]:
         raise NotImplementedError
 
-    def error(self, status: int, message: str) -> list[bytes]:
-        body = {"error": openai_error_body(status, message, "InternalServerError")}
-        return [f"data: {json.dumps(body)}\n\n".encode(), DONE]  # json.dumps with spaces, as SGLang
+    def abort(self, status: int, message: str) -> list[bytes]:
+        raise NotImplementedError
 
     @property
     def reasoning_generated(self) -> int:
         return min(self.generated, self.job.plan.reasoning_tokens)
+
+    @property
+    def reported_prompt_tokens(self) -> int:
+        """An abort before the first output comes from the waiting queue, whose abort output
+        has no prompt_tokens (tokenizer_manager.py:3603), so SGLang's usage says 0."""
+        return self.job.prompt_tokens if self.begun else 0
 
 
 def _chunk_head(job: Job, object_name: str) -> str:
@@ -117,39 +175,53 @@ class ChatRenderer(Renderer):
         self._head = head + '[{"index":0,"delta":'
         self._usage_head = head + '[],"usage":'
         self._tail = ',"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
-        self._content_started = False
+        self._tool_started = False
 
     def begin(self) -> list[bytes]:
+        self.begun = True
         delta = '{"reasoning_content":null,"role":"assistant","content":""}'
         return [(self._head + delta + self._tail).encode()]
 
-    def _segment(self, kind: str, text: str) -> bytes:
+    def _segment(self, kind: str, text: str) -> list[bytes]:
         if kind == "reasoning":
-            return (self._head + '{"reasoning_content":"' + text + '"}' + self._tail).encode()
+            return [(self._head + '{"reasoning_content":"' + text + '"}' + self._tail).encode()]
         if self.job.tool_name is None:
             delta = '{"reasoning_content":null,"content":"' + text + '"}'
-        else:
-            delta = '{"reasoning_content":null,"tool_calls":' + compact([self._tool_delta(text)]) + "}"
-        return (self._head + delta + self._tail).encode()
+            return [(self._head + delta + self._tail).encode()]
+        return [self._tool_chunk(text)]
 
-    def _tool_delta(self, text: str) -> dict[str, Any]:
-        args = tool_arguments(text, not self._content_started, self.cursor.at_end)
-        if self._content_started:
-            return {"index": 0, "function": {"arguments": args}}
-        self._content_started = True
-        function = {"name": self.job.tool_name, "arguments": args}
-        return {"index": 0, "id": f"call_{self.job.rid[:24]}", "type": "function", "function": function}
+    def _tool_chunk(self, text: str) -> bytes:
+        """Tool-call chunks are pydantic dumps (serving_chat.py:3703): every delta key, usage."""
+        args = tool_arguments(text, not self._tool_started, self.cursor.at_end)
+        if self._tool_started:
+            call = {"id": None, "index": 0, "type": "function",
+                    "function": {"name": None, "arguments": args}}  # fmt: skip
+        else:
+            self._tool_started = True
+            call = {"id": self.job.tool_id, "index": 0, "type": "function",
+                    "function": {"name": self.job.tool_name, "arguments": args}}  # fmt: skip
+        delta = '{"role":null,"content":null,"reasoning_content":null,"tool_calls":' + compact([call]) + "}"
+        return (self._head + delta + self._tail[:-3] + ',"usage":null}\n\n').encode()
 
     def end(self, engine_reason: str) -> list[bytes]:
         reason = self.job.finish_reason(engine_reason)
         stop = compact(matched_stop(reason))
         finish = f',"logprobs":null,"finish_reason":"{reason}","matched_stop":{stop}}}]}}\n\n'
         events = [(self._head + '{"reasoning_content":null}' + finish).encode()]
+        return events + self._usage_and_done()
+
+    def _usage_and_done(self) -> list[bytes]:
+        events = []
         if self.job.include_usage:
-            usage = chat_usage(self.job.prompt_tokens, self.generated, self.reasoning_generated)
+            usage = chat_usage(self.reported_prompt_tokens, self.generated, self.reasoning_generated)
             events.append((self._usage_head + compact(usage) + "}\n\n").encode())
         events.append(DONE)
         return events
+
+    def abort(self, status: int, message: str) -> list[bytes]:
+        """serving_chat.py:2562-2578: the error chunk, then (as after any end) the usage chunk
+        if asked and [DONE]; HTTP status stays 200."""
+        return [streaming_error_event(status, message)] + self._usage_and_done()
 
 
 class CompletionRenderer(Renderer):
@@ -180,127 +252,291 @@ class CompletionRenderer(Renderer):
 
     def end(self, engine_reason: str) -> list[bytes]:
         events = [self._chunk("".join(self._pending), self.job.finish_reason(engine_reason))]
-        if self.job.include_usage:
-            prompt = self.job.prompt_tokens
+        return events + self._usage_and_done()
+
+    def _usage_and_done(self) -> list[bytes]:
+        events = []
+        if self.job.include_usage:  # serving_completions.py:495: exclude_none, so no nulls
+            prompt = self.reported_prompt_tokens
             usage = {"prompt_tokens": prompt, "total_tokens": prompt + self.generated,
                      "completion_tokens": self.generated, "reasoning_tokens": 0}  # fmt: skip
             events.append((self._usage_head + compact(usage) + "}\n\n").encode())
         events.append(DONE)
         return events
 
+    def abort(self, status: int, message: str) -> list[bytes]:
+        """serving_completions.py:362-372, then usage and [DONE] as after any end."""
+        return [streaming_error_event(status, message)] + self._usage_and_done()
+
 
 def sse_event(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {compact(data)}\n\n".encode()
 
 
-ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "abort": "end_turn"}
-
-
 class MessagesRenderer(Renderer):
-    """Anthropic ``/v1/messages`` events: message_start, one text block, message_delta/stop."""
+    """Anthropic ``/v1/messages`` events, as entrypoints/anthropic/serving.py:862 makes them
+    from the chat stream: message_start deferred to the first content (it carries the prompt
+    tokens), one block per kind (thinking, text, tool_use), message_delta and message_stop;
+    an error is ``event: error`` then message_stop, never [DONE]."""
 
-    def begin(self) -> list[bytes]:
-        message = anthropic_message(self.job, "", None, 0)
-        block = {"type": "text", "text": ""}
-        return [
-            sse_event("message_start", {"type": "message_start", "message": message}),
-            sse_event("content_block_start",
-                      {"type": "content_block_start", "index": 0, "content_block": block}),
-        ]  # fmt: skip
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        self._message_id = f"msg_{uuid.uuid4().hex}"  # serving.py:881, not the rid
+        self._started = False
+        self._block: str | None = None
+        self._index = 0
 
-    def _segment(self, kind: str, text: str) -> bytes:
-        delta = {"type": "text_delta", "text": text}
-        return sse_event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+    def _event(self, data: dict[str, Any]) -> bytes:
+        return sse_event(data["type"], data)
+
+    def _message_start(self, input_tokens: int) -> list[bytes]:
+        if self._started:
+            return []
+        self._started = True
+        message = {"id": self._message_id, "type": "message", "role": "assistant", "content": [],
+                   "model": self.job.model,
+                   "usage": {"input_tokens": input_tokens, "output_tokens": 0}}  # fmt: skip
+        return [self._event({"type": "message_start", "message": message})]
+
+    def _close_block(self) -> list[bytes]:
+        if self._block is None:
+            return []
+        self._block = None
+        self._index += 1
+        return [self._event({"type": "content_block_stop", "index": self._index - 1})]
+
+    def _open_block(self, kind: str, block: dict[str, Any], force_new: bool = False) -> list[bytes]:
+        events = []
+        if self._block is not None and (force_new or self._block != kind):
+            events += self._close_block()
+        if self._block is None:
+            self._block = kind
+            events.append(self._event({"type": "content_block_start", "index": self._index,
+                                       "content_block": block}))  # fmt: skip
+        return events
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return self._event({"type": "content_block_delta", "index": self._index, "delta": delta})
+
+    def _segment(self, kind: str, text: str) -> list[bytes]:
+        # Continuous usage stats (serving.py:570) put the prompt tokens on every content chunk.
+        events = self._message_start(self.job.prompt_tokens)
+        if kind == "reasoning":
+            events += self._open_block("thinking", {"type": "thinking", "thinking": ""})
+            events.append(self._delta({"type": "thinking_delta", "thinking": text}))
+        elif self.job.tool_name is None:
+            events += self._open_block("text", {"type": "text", "text": ""})
+            events.append(self._delta({"type": "text_delta", "text": text}))
+        else:
+            first = self._block != "tool_use"
+            if first:
+                block = {"type": "tool_use", "id": self.job.tool_id, "name": self.job.tool_name,
+                         "input": {}}  # fmt: skip
+                events += self._open_block("tool_use", block, force_new=True)
+            args = tool_arguments(text, first, self.cursor.at_end)
+            events.append(self._delta({"type": "input_json_delta", "partial_json": args}))
+        return events
 
     def end(self, engine_reason: str) -> list[bytes]:
-        stop = ANTHROPIC_STOP[self.job.finish_reason(engine_reason)]
-        delta = {"stop_reason": stop, "stop_sequence": None}
-        return [
-            sse_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
-            sse_event("message_delta", {"type": "message_delta", "delta": delta,
-                                        "usage": {"output_tokens": self.generated}}),
-            sse_event("message_stop", {"type": "message_stop"}),
-        ]  # fmt: skip
+        stop = ANTHROPIC_STOP.get(self.job.finish_reason(engine_reason), "end_turn")
+        events = self._message_start(0) + self._close_block()
+        events.append(self._event({"type": "message_delta", "delta": {"stop_reason": stop},
+                                   "usage": {"output_tokens": self.generated}}))  # fmt: skip
+        events.append(self._event({"type": "message_stop"}))
+        return events
 
-    def error(self, status: int, message: str) -> list[bytes]:
-        return [sse_event("error", {"type": "error", "error": {"type": "api_error", "message": message}})]
+    def abort(self, status: int, message: str) -> list[bytes]:
+        """serving.py:978 (_flush_on_error) on the chat stream's error chunk (serving.py:1120):
+        the message is passed on unscrubbed."""
+        events = self._message_start(0) + self._close_block()
+        events.append(self._event(anthropic_error_body(status, message)))
+        events.append(self._event({"type": "message_stop"}))
+        return events
 
 
-def anthropic_message(job: Job, text: str, stop_reason: str | None, output_tokens: int) -> dict[str, Any]:
-    content = [{"type": "text", "text": text}] if stop_reason else []
+def anthropic_message(job: Job, generated: int, engine_reason: str) -> dict[str, Any]:
+    """serving.py:1282 (_convert_response), dumped with exclude_none."""
+    reasoning, content = split_answer(job.plan, generated)
+    blocks: list[dict[str, Any]] = []
+    if reasoning:
+        blocks.append({"type": "thinking", "thinking": reasoning})
+    if job.tool_name is None:
+        if content:
+            blocks.append({"type": "text", "text": content})
+    else:
+        arguments = json.loads(tool_arguments(content, True, True))
+        blocks.append({"type": "tool_use", "id": job.tool_id, "name": job.tool_name, "input": arguments})
+    stop = ANTHROPIC_STOP.get(job.finish_reason(engine_reason), "end_turn")
     return {
-        "id": f"msg_{job.rid}", "type": "message", "role": "assistant", "model": job.model,
-        "content": content, "stop_reason": stop_reason, "stop_sequence": None,
-        "usage": {"input_tokens": job.prompt_tokens, "output_tokens": output_tokens},
+        "id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
+        "content": blocks or [{"type": "text", "text": ""}], "model": job.model,
+        "stop_reason": stop, "usage": {"input_tokens": job.prompt_tokens, "output_tokens": generated},
     }  # fmt: skip
 
 
 class ResponsesRenderer(Renderer):
-    """OpenAI Responses events for one text message, each with a ``sequence_number``."""
+    """OpenAI Responses events as serving_responses.py:2246 (non-harmony) makes them: created
+    and in_progress, then one item per kind (reasoning, message, function_call) opened with
+    output_item.added and closed with its done events, then response.completed / incomplete /
+    failed carrying the whole response. Never [DONE]."""
 
     def __init__(self, job: Job) -> None:
         super().__init__(job)
         self._sequence = 0
-        self._item_id = f"msg_{job.rid}"
+        self._kind: str | None = None  # the open item
+        self._item_id = ""
         self._text: list[str] = []
+        self.items: list[dict[str, Any]] = []  # closed items, the response's output
 
-    def _event(self, event: str, **fields: Any) -> bytes:
-        data = {"type": event, "sequence_number": self._sequence, **fields}
+    def _event(self, data: dict[str, Any]) -> bytes:
+        data["sequence_number"] = self._sequence
         self._sequence += 1
-        return sse_event(event, data)
+        return sse_event(data["type"], data)
+
+    def _at(self) -> dict[str, Any]:
+        return {"item_id": self._item_id, "output_index": len(self.items)}
 
     def begin(self) -> list[bytes]:
-        response = responses_body(self.job, None, "in_progress", 0)
-        item = {"type": "message", "id": self._item_id, "status": "in_progress", "role": "assistant",
-                "content": []}  # fmt: skip
-        at = {"item_id": self._item_id, "output_index": 0, "content_index": 0}
-        return [
-            self._event("response.created", response=response),
-            self._event("response.in_progress", response=response),
-            self._event("response.output_item.added", output_index=0, item=item),
-            self._event("response.content_part.added", **at, part=output_text("")),
-        ]
+        self.begun = True
+        response = responses_body(self.job, [], "in_progress", None)
+        return [self._event({"type": "response.created", "response": response}),
+                self._event({"type": "response.in_progress", "response": response})]  # fmt: skip
 
-    def _segment(self, kind: str, text: str) -> bytes:
+    def _segment(self, kind: str, text: str) -> list[bytes]:
+        if kind == "content" and self.job.tool_name is not None:
+            kind = "tool"
+        events = [] if self._kind == kind else self._close() + self._open(kind)
         self._text.append(text)
-        at = {"item_id": self._item_id, "output_index": 0, "content_index": 0}
-        return self._event("response.output_text.delta", **at, delta=text, logprobs=[])
+        if kind == "reasoning":
+            delta = {"type": "response.reasoning_text.delta", **self._at(), "content_index": 0,
+                     "delta": text}  # fmt: skip
+        elif kind == "content":
+            delta = {"type": "response.output_text.delta", **self._at(), "content_index": 0,
+                     "delta": text, "logprobs": []}  # fmt: skip
+        else:
+            args = tool_arguments(text, len(self._text) == 1, self.cursor.at_end)
+            self._text[-1] = args
+            delta = {"type": "response.function_call_arguments.delta", **self._at(), "delta": args}
+        return events + [self._event(delta)]
+
+    def _open(self, kind: str) -> list[bytes]:
+        self._kind, self._text = kind, []
+        index = len(self.items)
+        if kind == "reasoning":
+            self._item_id = f"rs_{uuid.uuid4().hex}"
+            item = reasoning_item(self._item_id, "", "in_progress")
+            part = {"type": "reasoning_text", "text": ""}
+        elif kind == "content":
+            self._item_id = f"msg_{uuid.uuid4().hex}"
+            item = message_item(self._item_id, None, "in_progress")
+            part = output_text("")
+        else:
+            self._item_id = f"fc_{uuid.uuid4().hex[:8]}"
+            item = function_call_item(self._item_id, self.job, "", "in_progress")
+            return [self._event({"type": "response.output_item.added", "output_index": index, "item": item})]
+        return [
+            self._event({"type": "response.output_item.added", "output_index": index, "item": item}),
+            self._event({"type": "response.content_part.added", **self._at(), "content_index": 0,
+                         "part": part}),
+        ]  # fmt: skip
+
+    def _close(self) -> list[bytes]:
+        kind, text = self._kind, "".join(self._text)
+        if kind is None:
+            return []
+        self._kind = None
+        at = self._at()
+        if kind == "reasoning":
+            item = reasoning_item(self._item_id, text, "completed")
+            events = [
+                self._event({"type": "response.reasoning_text.done", **at, "content_index": 0, "text": text}),
+                self._event({"type": "response.content_part.done", **at, "content_index": 0,
+                             "part": {"type": "reasoning_text", "text": text}}),
+            ]  # fmt: skip
+        elif kind == "content":
+            item = message_item(self._item_id, text, "completed")
+            events = [
+                self._event({"type": "response.output_text.done", **at, "content_index": 0, "text": text,
+                             "logprobs": []}),
+                self._event({"type": "response.content_part.done", **at, "content_index": 0,
+                             "part": output_text(text)}),
+            ]  # fmt: skip
+        else:
+            item = function_call_item(self._item_id, self.job, text, "completed")
+            events = [self._event({"type": "response.function_call_arguments.done", **at,
+                                   "arguments": text, "name": self.job.tool_name})]  # fmt: skip
+        events.append(self._event({"type": "response.output_item.done", "output_index": at["output_index"],
+                                   "item": item}))  # fmt: skip
+        self.items.append(item)
+        return events
 
     def end(self, engine_reason: str) -> list[bytes]:
-        text = "".join(self._text)
-        reason = self.job.finish_reason(engine_reason)
-        response = responses_body(self.job, text, responses_status(reason), self.generated)
-        at = {"item_id": self._item_id, "output_index": 0, "content_index": 0}
-        return [
-            self._event("response.output_text.done", **at, text=text, logprobs=[]),
-            self._event("response.content_part.done", **at, part=output_text(text)),
-            self._event("response.output_item.done", output_index=0, item=response["output"][0]),
-            self._event("response.completed", response=response),
-        ]
+        status = responses_status(self.job.finish_reason(engine_reason))
+        return self._finish(status, None)
 
-    def error(self, status: int, message: str) -> list[bytes]:
-        return [self._event("error", code=str(status), message=message, param=None)]
+    def abort(self, status: int, message: str) -> list[bytes]:
+        """A status abort is a finish_reason "abort": response.failed (serving_responses.py:1062,
+        :3050), after created/in_progress and the open item's done events."""
+        return self._finish("failed", {"code": "server_error", "message": message})
+
+    def _finish(self, status: str, error: dict[str, Any] | None) -> list[bytes]:
+        events = ([] if self.begun else self.begin()) + self._close()
+        prompt = self.reported_prompt_tokens
+        self.final = responses_body(self.job, self.items, status, (prompt, self.generated), error)
+        return events + [self._event({"type": f"response.{status}", "response": self.final})]
 
 
 def output_text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": None}
+
+
+def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [output_text(text)]
+    return {"id": item_id, "content": content, "role": "assistant", "status": status,
+            "type": "message", "phase": "final_answer"}  # fmt: skip
+
+
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if text else []
+    return {"id": item_id, "summary": [], "type": "reasoning", "content": content, "status": status}
+
+
+def function_call_item(item_id: str, job: Job, arguments: str, status: str) -> dict[str, Any]:
+    return {"arguments": arguments, "call_id": job.tool_id, "name": job.tool_name,
+            "type": "function_call", "id": item_id, "status": status}  # fmt: skip
 
 
 def responses_status(reason: str) -> str:
-    return "completed" if reason == "stop" else "incomplete"
+    """serving_responses.py:1062."""
+    if reason == "length":
+        return "incomplete"
+    return "failed" if reason == "abort" else "completed"
 
 
-def responses_body(job: Job, text: str | None, status: str, output_tokens: int) -> dict[str, Any]:
-    output = []
-    if text is not None:
-        output.append({"type": "message", "id": f"msg_{job.rid}", "status": "completed",
-                       "role": "assistant", "content": [output_text(text)]})  # fmt: skip
-    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+def responses_body(job: Job, output: list[dict[str, Any]], status: str,
+                   tokens: tuple[int, int] | None,
+                   error: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """protocol.py:2238 (ResponsesResponse) as from_request (protocol.py:2305) fills it."""
+    usage = None
+    if tokens is not None:
+        prompt, completion = tokens
+        usage = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                 "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": prompt + completion}  # fmt: skip
+    echo = job.echo
+    text_only = all(item["type"] == "message" for item in output)
     return {
-        "id": f"resp_{job.rid}", "object": "response", "created_at": job.created, "status": status,
-        "model": job.model, "output": output, "incomplete_details": incomplete,
-        "usage": {"input_tokens": job.prompt_tokens, "output_tokens": output_tokens,
-                  "total_tokens": job.prompt_tokens + output_tokens},
+        "id": job.rid, "object": "response", "created_at": job.created, "model": job.model,
+        "output": output, "status": status, "usage": usage,
+        "parallel_tool_calls": echo.get("parallel_tool_calls", True),
+        "tool_choice": echo.get("tool_choice", "auto"), "tools": echo.get("tools", []),
+        "error": error, "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": echo.get("instructions"), "max_output_tokens": echo.get("max_output_tokens"),
+        "previous_response_id": echo.get("previous_response_id"),
+        "reasoning": {"effort": None, "summary": None}, "store": echo.get("store", True),
+        "temperature": echo.get("temperature"), "text": {"format": {"type": "text"}} if text_only else None,
+        "top_p": echo.get("top_p"), "truncation": echo.get("truncation", "disabled"),
+        "user": echo.get("user"), "metadata": echo.get("metadata") or {},
     }  # fmt: skip
 
 
@@ -315,8 +551,7 @@ def chat_body(job: Job, generated: int, engine_reason: str) -> dict[str, Any]:
     if job.tool_name is not None:
         message["content"] = None
         function = {"name": job.tool_name, "arguments": tool_arguments(content, True, True)}
-        message["tool_calls"] = [{"id": f"call_{job.rid[:24]}", "index": 0, "type": "function",
-                                  "function": function}]  # fmt: skip
+        message["tool_calls"] = [{"id": job.tool_id, "index": 0, "type": "function", "function": function}]
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason,
               "matched_stop": matched_stop(reason)}  # fmt: skip
     reasoning_tokens = min(generated, job.plan.reasoning_tokens)
@@ -339,14 +574,13 @@ def completion_body(job: Job, generated: int, engine_reason: str) -> dict[str, A
     }  # fmt: skip
 
 
-def messages_body(job: Job, generated: int, engine_reason: str) -> dict[str, Any]:
-    stop = ANTHROPIC_STOP[job.finish_reason(engine_reason)]
-    return anthropic_message(job, "".join(split_answer(job.plan, generated)), stop, generated)
-
-
 def responses_final_body(job: Job, generated: int, engine_reason: str) -> dict[str, Any]:
-    status = responses_status(job.finish_reason(engine_reason))
-    return responses_body(job, "".join(split_answer(job.plan, generated)), status, generated)
+    """The non-stream response: the stream's items, rendered at once."""
+    renderer = ResponsesRenderer(job)
+    renderer.begun = True
+    renderer.output(Output(job.rid, generated))
+    renderer.end(engine_reason)
+    return renderer.final
 
 
 def new_rid() -> str:

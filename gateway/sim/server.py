@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import random
 import socket
@@ -43,13 +44,21 @@ class SimOptions:
     seed: int = 0
     shared_device: bool = True
     api_key: str | None = None
+    admin_api_key: str | None = None  # --admin-api-key: guards /abort_request instead of api_key
+    max_queued_requests: int | None = None  # --max-queued-requests, for both (None: the profiles')
+    enable_response_store: bool = False  # --enable-response-store (SGLang's default: off)
     faults: Mapping[str, Faults] = field(default_factory=dict)  # initial faults per backend
     log_level: str = "warning"
 
     def resolved_profiles(self) -> dict[str, Profile]:
         if self.profiles is None or isinstance(self.profiles, str | Path):
-            return load_profiles(self.profiles)
-        return dict(self.profiles)
+            profiles = load_profiles(self.profiles)
+        else:
+            profiles = dict(self.profiles)
+        if self.max_queued_requests is not None:
+            limit = self.max_queued_requests
+            profiles = {n: dataclasses.replace(p, max_queued_requests=limit) for n, p in profiles.items()}
+        return profiles
 
 
 class _Server(uvicorn.Server):
@@ -73,9 +82,9 @@ class SimServer:
         self._sock = _bind(options.host, port)
         self.port = self._sock.getsockname()[1]
         identity = ServerIdentity(name, options.host, self.port, options.seed)
-        self.app = SimApp(identity, self.live, self.faults)
+        self.app = SimApp(identity, self.live, self.faults, options.enable_response_store)
         config = uvicorn.Config(
-            self.app.build(options.api_key), lifespan="off", log_level=options.log_level,
+            self.app.build(options.api_key, options.admin_api_key), lifespan="off", log_level=options.log_level,
             access_log=False, timeout_graceful_shutdown=1,
         )  # fmt: skip
         self._uvicorn = _Server(config)

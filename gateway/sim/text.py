@@ -141,3 +141,23 @@ def thinking_requested(body: Mapping[str, Any]) -> bool:
     if not isinstance(kwargs, dict):
         raise ValueError("'chat_template_kwargs' must be an object")
     return bool(kwargs.get("enable_thinking") or kwargs.get("thinking"))
+
+
+def responses_prompt_text(given: Any) -> str:
+    """A Responses ``input``: a string, or items (messages, function calls and their outputs)."""
+    if isinstance(given, str):
+        return given
+    if not isinstance(given, list) or not given:
+        raise ValueError("input: Field required (a string or a non-empty list of items)")
+    parts = []
+    for item in given:
+        if not isinstance(item, dict):
+            raise ValueError("input: each item must be an object")
+        if "role" in item:
+            parts.append(f"<|im_start|>{item['role']} {content_text(item.get('content'))}<|im_end|>")
+        elif item.get("type") == "function_call_output":
+            parts.append(f"<|im_start|>tool {item.get('output', '')}<|im_end|>")
+        else:
+            parts.append(f"<|im_start|>assistant {item.get('type', 'item')} {item.get('arguments', '')}<|im_end|>")
+    parts.append("<|im_start|>assistant")
+    return "\n".join(parts)

@@ -3,6 +3,7 @@
 import asyncio
 import dataclasses
 import json
+import re
 import time
 
 import httpx
@@ -17,8 +18,8 @@ LONG = {"model": "m", "prompt": "go on", "max_tokens": 100_000, "ignore_eos": Tr
 SHORT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": True}
 
 
-async def running(http: httpx.AsyncClient, url: str) -> int:
-    return (await http.get(url + "/v1/loads")).json()["loads"][0]["num_running_reqs"]
+async def running(http: httpx.AsyncClient, url: str, headers: dict | None = None) -> int:
+    return (await http.get(url + "/v1/loads", headers=headers)).json()["loads"][0]["num_running_reqs"]
 
 
 async def test_disconnect_frees_the_slot_two_scaled_seconds_later():
@@ -34,8 +35,8 @@ async def test_disconnect_frees_the_slot_two_scaled_seconds_later():
         assert time.perf_counter() - gone >= 2.0 / speed
 
 
-async def _freed(http: httpx.AsyncClient, url: str) -> bool:
-    return await running(http, url) == 0
+async def _freed(http: httpx.AsyncClient, url: str, headers: dict | None = None) -> bool:
+    return await running(http, url, headers) == 0
 
 
 async def test_a_non_stream_client_that_gives_up_frees_its_slot_too(pair):
@@ -52,26 +53,59 @@ async def test_abort_request_frees_at_once_and_ends_the_stream(pair):
         async with http.stream("POST", url + "/v1/completions", json={**LONG, "rid": "job-17"}) as response:
             lines = response.aiter_lines()
             await anext(lines)
-            aborted = await http.post(url + "/abort_request", json={"rid": "job-"})  # prefix match
+            # tokenizer_manager.abort_request drops a rid it does not hold: no prefix match.
+            for ignored in ({"rid": "job-"}, {"rid": ""}, {}):
+                assert (await http.post(url + "/abort_request", json=ignored)).status_code == 200
+            assert await running(http, url) == 1
+            aborted = await http.post(url + "/abort_request", json={"rid": "job-17"})
             assert aborted.status_code == 200
             assert await running(http, url) == 0
             rest = [line async for line in lines if line.startswith("data: {")]
     assert json.loads(rest[-1][6:])["choices"][0]["finish_reason"] == "abort"
 
 
-async def test_a_full_queue_answers_503():
-    plain = dataclasses.replace(load_profiles()["plain"], max_running_requests=1, max_queued_requests=1)
-    options = SimOptions(speed=50, profiles={**load_profiles(), "plain": plain})
+async def test_abort_request_needs_the_admin_key_when_one_is_set():
+    options = SimOptions(speed=50, api_key="user", admin_api_key="admin")
+    async with start_sim_pair(options) as pair, httpx.AsyncClient() as http:
+        url = pair.urls["plain"]
+        user, admin = ({"Authorization": f"Bearer {key}"} for key in ("user", "admin"))
+        async with http.stream("POST", url + "/v1/completions", json={**LONG, "rid": "r1"}, headers=user) as r:
+            await anext(r.aiter_lines())
+            refused = await http.post(url + "/abort_request", json={"rid": "r1"}, headers=user)
+            assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"})
+            assert (await http.get(url + "/v1/models", headers=admin)).status_code == 401
+            assert (await http.post(url + "/abort_request", json={"rid": "r1"}, headers=admin)).status_code == 200
+            await wait_until(lambda: _freed(http, url, user))
+
+
+async def test_a_full_queue_answers_503_or_an_error_inside_a_200_stream():
+    plain = dataclasses.replace(load_profiles()["plain"], max_running_requests=1)
+    options = SimOptions(speed=50, profiles={**load_profiles(), "plain": plain}, max_queued_requests=1)
     async with start_sim_pair(options) as pair, httpx.AsyncClient() as http:
         url = pair.urls["plain"]
         async with http.stream("POST", url + "/v1/completions", json=LONG):
             queued = asyncio.create_task(http.post(url + "/v1/completions", json=LONG))
             await wait_until(lambda: _waiting(http, url))
-            rejected = await http.post(url + "/v1/completions", json=LONG)
+            rejected = await http.post(url + "/v1/completions", json={**LONG, "stream": False})
+            usage = {"include_usage": True}
+            in_stream = await http.post(url + "/v1/chat/completions",
+                                        json={**SHORT, "rid": "q1", "stream_options": usage})  # fmt: skip
             queued.cancel()
     assert rejected.status_code == 503
     assert rejected.json() == {"object": "error", "message": "The request queue is full.",
                                "type": "503", "param": None, "code": 503}  # fmt: skip
+    # serving_chat.py: the abort's error chunk first (json.dumps spacing), usage, [DONE]; HTTP 200.
+    assert in_stream.status_code == 200
+    head = '{"id":"q1","object":"chat.completion.chunk","created":'
+    assert re.fullmatch(
+        'data: {"error": {"object": "error", "message": "The request queue is full.", '
+        '"type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}\n\n'
+        "data: " + re.escape(head) + r'\d+,"model":"m","choices":\[\],"usage":{"prompt_tokens":0,'
+        '"total_tokens":0,"completion_tokens":0,"prompt_tokens_details":null,"reasoning_tokens":0,'
+        '"completion_tokens_details":null}}\n\n'
+        "data: \\[DONE\\]\n\n",
+        in_stream.text,
+    )
 
 
 async def _waiting(http: httpx.AsyncClient, url: str) -> bool:

@@ -9,6 +9,7 @@ import pytest
 
 from gateway.sim.server import SimOptions, start_sim_pair
 
+SERVED = "Qwen/Qwen3.5-122B-A10B"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "write a short plan"}]}
 
 
@@ -98,12 +99,12 @@ async def test_reasoning_and_tool_calls_are_emitted(pair):
     assert whole.usage.completion_tokens_details.reasoning_tokens == len(reasoning.split())
 
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
-    call = await client.chat.completions.create(**CHAT, max_tokens=8, tools=tools, tool_choice="required")
+    call = await client.chat.completions.create(**CHAT, max_tokens=300, tools=tools, tool_choice="required")
     assert call.choices[0].finish_reason == "tool_calls"
     function = call.choices[0].message.tool_calls[0].function
     assert function.name == "lookup" and "text" in json.loads(function.arguments)
     stream = await client.chat.completions.create(
-        **CHAT, max_tokens=8, tools=tools, tool_choice="required", stream=True
+        **CHAT, max_tokens=300, tools=tools, tool_choice="required", stream=True
     )
     args = "".join([
         c.choices[0].delta.tool_calls[0].function.arguments
@@ -177,8 +178,8 @@ async def test_anthropic_messages_stream_and_non_stream(pair):
 
 async def test_responses_api_stream_and_non_stream(pair):
     client = openai_client(pair.urls["plain"])
-    whole = await client.responses.create(model="m", input="hello there", max_output_tokens=30)
-    stream = await client.responses.create(model="m", input="hello there", max_output_tokens=30, stream=True)
+    whole = await client.responses.create(model=SERVED, input="hello there", max_output_tokens=300)
+    stream = await client.responses.create(model=SERVED, input="hello there", max_output_tokens=300, stream=True)
     events = [e async for e in stream]
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == whole.output_text
