@@ -1,0 +1,162 @@
+"""What each API accepts and answers, as SGLang 0.5.23 does (docs/compat.md has the sources):
+model names, the stream flag, error envelopes, rids, tool-call ids."""
+
+import json
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from gateway.sim.server import SimOptions, start_sim_pair
+from tests.sim.conftest import wait_until
+
+SERVED = "Qwen/Qwen3.5-122B-A10B"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
+MESSAGES = {"model": "claude-sonnet-4-5", "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]}
+LORA_OFF = "LoRA adapter 'latest' was requested, but LoRA is not enabled."
+
+
+def oai(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+
+
+async def test_model_names_are_not_checked_but_lora_syntax_is(pair):
+    client = oai(pair.urls["plain"])
+    for name in ("claude-haiku-4-5-20251001", "gpt-4o", SERVED, "whatever"):
+        answer = await client.chat.completions.create(**{**CHAT, "model": name})
+        assert answer.model == name
+    claude = anthropic.AsyncAnthropic(base_url=pair.urls["plain"], api_key="x", max_retries=0)
+    message = await claude.messages.create(**MESSAGES)
+    assert message.model == "claude-sonnet-4-5" and message.content[0].type == "text"
+    # "name:tag" asks for a LoRA adapter, and this server has none: 400 before the stream on chat...
+    with pytest.raises(openai.BadRequestError, match=LORA_OFF):
+        await client.chat.completions.create(**{**CHAT, "model": "qwen3:latest"}, stream=True)
+    # ... but an error inside the 200 on /v1/messages (its stream is not kick-started).
+    async with httpx.AsyncClient() as http:
+        raw = await http.post(pair.urls["plain"] + "/v1/messages",
+                              json={**MESSAGES, "model": "qwen3:latest", "stream": True})  # fmt: skip
+    assert raw.status_code == 200
+    assert raw.text.split("\n\n")[1].startswith('event: error\ndata: {"type":"error","error":'
+                                                 '{"type":"invalid_request_error","message":"LoRA adapter')
+
+
+async def test_responses_checks_the_model(pair):
+    client = oai(pair.urls["mtp"])
+    with pytest.raises(openai.NotFoundError) as caught:
+        await client.responses.create(model="gpt-4o", input="hi")
+    assert caught.value.body == {"message": "The model 'gpt-4o' does not exist", "type": "invalid_request_error",
+                                 "param": "model", "code": 404}  # fmt: skip
+    answer = await client.responses.create(model=SERVED, input="hi", max_output_tokens=300)
+    assert answer.status == "completed" and answer.output_text
+    async with httpx.AsyncClient() as http:  # no model: whatever is loaded
+        unnamed = await http.post(pair.urls["mtp"] + "/v1/responses", json={"input": "hi"})
+    assert unnamed.status_code == 200 and unnamed.json()["model"] == SERVED
+
+
+async def test_messages_errors_use_the_anthropic_envelope(pair):
+    url = pair.urls["mtp"] + "/v1/messages"
+    async with httpx.AsyncClient() as http:
+        no_max = await http.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        bad_tool = await http.post(url, json={**MESSAGES, "tools": [{"name": "ls", "input_schema": {}}],
+                                              "tool_choice": {"type": "tool", "name": "rm"}})  # fmt: skip
+    for response in (no_max, bad_tool):
+        assert response.status_code == 400
+        assert response.json()["type"] == "error"
+        assert response.json()["error"]["type"] == "invalid_request_error"
+    assert "tool_choice references tool 'rm'" in bad_tool.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("value", [True, "true", "True", 1, "1", "yes", "on"])
+async def test_stream_flag_is_read_as_pydantic_reads_a_bool(pair, value):
+    async with httpx.AsyncClient() as http:
+        response = await http.post(pair.urls["plain"] + "/v1/chat/completions", json={**CHAT, "stream": value})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.text.endswith("data: [DONE]\n\n")
+
+
+async def test_stream_flag_refusals(pair):
+    url = pair.urls["plain"]
+    async with httpx.AsyncClient() as http:
+        chat_null = await http.post(url + "/v1/chat/completions", json={**CHAT, "stream": None})
+        chat_two = await http.post(url + "/v1/chat/completions", json={**CHAT, "stream": 2})
+        messages_null = await http.post(url + "/v1/messages", json={**MESSAGES, "stream": None})
+        messages_bad = await http.post(url + "/v1/messages", json={**MESSAGES, "stream": "sure"})
+    assert chat_null.status_code == chat_two.status_code == 400
+    assert chat_null.json()["type"] == "Bad Request"
+    assert messages_null.status_code == 200 and messages_null.json()["type"] == "message"
+    assert messages_bad.status_code == 400 and messages_bad.json()["type"] == "error"
+
+
+async def test_messages_take_no_rid(pair):
+    server = pair.servers["plain"]
+    body = {**MESSAGES, "max_tokens": 100_000, "stream": True, "rid": "mine"}
+    async with httpx.AsyncClient() as http:
+        async with http.stream("POST", pair.urls["plain"] + "/v1/messages", json=body) as response:
+            await anext(response.aiter_lines())
+            assert "mine" not in server.live.engine
+            await http.post(pair.urls["plain"] + "/abort_request", json={"rid": "mine"})
+            assert server.live.engine.num_running == 1
+
+
+async def test_responses_request_id_is_the_rid_and_the_id(pair):
+    server = pair.servers["mtp"]
+    body = {"model": SERVED, "input": "go on", "max_output_tokens": 100_000, "stream": True,
+            "request_id": "resp_mine", "ignore_eos": True}  # fmt: skip
+    async with httpx.AsyncClient() as http:
+        async with http.stream("POST", pair.urls["mtp"] + "/v1/responses", json=body) as response:
+            first = await anext(response.aiter_lines())
+            assert "resp_mine" in server.live.engine
+            await http.post(pair.urls["mtp"] + "/abort_request", json={"rid": "resp_mine"})
+            await wait_until(lambda: server.live.engine.num_running == 0)
+    assert first == "event: response.created"
+
+
+async def test_tool_call_ids_are_fresh_per_call(pair):
+    client = oai(pair.urls["plain"])
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
+    ids = set()
+    for rid in ("gateway-0001", "gateway-0002", "gateway-0003"):  # rids sharing a prefix
+        answer = await client.chat.completions.create(**{**CHAT, "max_tokens": 300}, tools=tools,
+                                                      tool_choice="required", extra_body={"rid": rid})  # fmt: skip
+        ids.add(answer.choices[0].message.tool_calls[0].id)
+    assert len(ids) == 3 and all(i.startswith("call_") and len(i) == 29 for i in ids)
+    json.loads(answer.choices[0].message.tool_calls[0].function.arguments)
+
+
+async def test_responses_store_is_off_by_default_as_in_sglang(pair):
+    client = oai(pair.urls["plain"])
+    with pytest.raises(openai.BadRequestError, match="Response store is disabled"):
+        await client.responses.create(model=SERVED, input="again", previous_response_id="resp_x")
+    async with httpx.AsyncClient() as http:
+        got = await http.get(pair.urls["plain"] + "/v1/responses/resp_x")
+    assert got.status_code == 400 and got.json()["error"]["param"] == "response_id"
+
+
+async def test_stored_responses_live_on_the_server_that_made_them():
+    async with start_sim_pair(SimOptions(speed=50, enable_response_store=True)) as pair:
+        mtp, plain = oai(pair.urls["mtp"]), oai(pair.urls["plain"])
+        first = await mtp.responses.create(model=SERVED, input="plan a trip", max_output_tokens=300)
+        follow = await mtp.responses.create(model=SERVED, input="shorter", previous_response_id=first.id,
+                                            max_output_tokens=300, stream=True)  # fmt: skip
+        events = [event async for event in follow]
+        assert events[-1].type == "response.completed"
+        assert events[-1].response.previous_response_id == first.id
+        assert (await mtp.responses.retrieve(first.id)).output_text == first.output_text
+        with pytest.raises(openai.NotFoundError, match=f"Response with id '{first.id}' not found"):
+            await plain.responses.create(model=SERVED, input="shorter", previous_response_id=first.id)
+        with pytest.raises(openai.NotFoundError):
+            await plain.responses.retrieve(first.id)
+        cancelled = await mtp.responses.cancel(first.id)  # finished: returned as it is
+        assert cancelled.status == "completed"
+        with pytest.raises(openai.BadRequestError, match="Expected an ID that begins with 'resp'"):
+            await mtp.responses.retrieve("msg_1")
+
+
+async def test_count_tokens_matches_the_input_tokens_of_the_answer(pair):
+    claude = anthropic.AsyncAnthropic(base_url=pair.urls["mtp"], api_key="x", max_retries=0)
+    body = {"model": "claude-sonnet-4-5", "system": "be brief",
+            "messages": [{"role": "user", "content": "list the files"}]}  # fmt: skip
+    counted = await claude.messages.count_tokens(**body)
+    answer = await claude.messages.create(**body, max_tokens=20)
+    assert counted.input_tokens == answer.usage.input_tokens > 0
