@@ -83,6 +83,13 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if usable else 503)
 
 
+@router.get("/livez")
+async def livez() -> JSONResponse:
+    """Liveness (Kubernetes' livenessProbe): the event loop answers. Says nothing about the
+    backends, so an outage of both does not get the gateways restarted; /health does."""
+    return JSONResponse({"status": "alive"})
+
+
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     require_metrics_access(request)

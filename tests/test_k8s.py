@@ -1,0 +1,413 @@
+"""Offline checks of the Kubernetes manifests in deploy/k8s (no cluster, no network).
+
+- Each overlay is rendered by the real kustomize (`kubectl kustomize`, part of this machine's
+  image; CI fails rather than skips without it).
+- Every built-in document is validated against the Kubernetes API's own JSON schemas
+  (kubernetes-validate, strict: an unknown or misspelled field fails); the ServiceMonitor (a
+  CRD) against a structural schema of the fields used here.
+- What the manifests promise: the gateway's probes hit endpoints that behave as the probes
+  need, the drain fits in terminationGracePeriodSeconds, the gateway's backend URLs reach the
+  servers' ports, the SGLang flags are exactly docker/compose.yaml's (and in the pinned 0.5.23
+  flag list, shared with tests/test_deploy.py), the pair shares its GPUs and starts in
+  compose's order, and the routers' arguments parse with sglang-router's own parser.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from gateway.config import Settings, load_settings
+from tests.conftest import live_gateway
+from tests.live import serve_app
+from tests.test_deploy import (
+    SGLANG_ENTRYPOINT,
+    SGLANG_SERVICES,
+    _duration_s,
+    _flag_list,
+    _flags,
+    load_compose,
+)
+from tests.test_minimal_backend import MinimalOpenAI
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "deploy" / "k8s"
+OVERLAYS = ["pair", "pools"]
+KUBERNETES = "1.33"  # native sidecars (GA 1.33) and the PDB's unhealthyPodEvictionPolicy (1.31)
+ABORT_WAIT_S = 2.0  # gateway/app.py lifespan: how long the shutdown waits for aborts in flight
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering and lookups
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        if os.environ.get("CI"):
+            pytest.fail("kubectl (with its built-in kustomize) is needed to render deploy/k8s")
+        pytest.skip("kubectl not installed: the manifests cannot be rendered here")
+    out = subprocess.run([kubectl, "kustomize", str(K8S / "overlays" / overlay)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def docs(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    return render(request.param)
+
+
+@pytest.fixture(scope="module")
+def pools() -> list[dict[str, Any]]:
+    return render("pools")
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} in the render"
+    return found[0]
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def generated_configmap(docs: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
+    (cm,) = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].startswith(prefix + "-")]
+    return cm
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def all_containers(pod: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield from pod.get("initContainers", [])
+    yield from pod["containers"]
+
+
+def container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [c for c in all_containers(pod) if c["name"] == name]
+    return found
+
+
+def port_number(c: dict[str, Any], port: int | str) -> int:
+    """A probe's or Service's port, by number or by the container port's name."""
+    if isinstance(port, int):
+        return port
+    (found,) = [p["containerPort"] for p in c.get("ports", []) if p.get("name") == port]
+    return found
+
+
+def expand(args: list[str], values: dict[str, str]) -> list[str]:
+    """Kubernetes' $(VAR) expansion in args, from the container's environment."""
+    def one(arg: str) -> str:
+        return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: values[m.group(1)], arg)
+    return [one(a) for a in args]
+
+
+def container_env(docs: list[dict[str, Any]], c: dict[str, Any]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for source in c.get("envFrom", []):
+        env.update(find(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
+    env.update({e["name"]: e["value"] for e in c.get("env", []) if "value" in e})
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# Schemas
+
+# The ServiceMonitor fields these manifests use, named as in the Prometheus Operator's CRD
+# (monitoring.coreos.com/v1). Anything else (a typo, a field of another kind) fails.
+_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
+SERVICE_MONITOR = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {"type": "object", "required": ["name"], "additionalProperties": False,
+                     "properties": {"name": {"type": "string"}, "namespace": {"type": "string"},
+                                    "labels": _LABELS, "annotations": _LABELS}},
+        "spec": {
+            "type": "object", "required": ["selector", "endpoints"], "additionalProperties": False,
+            "properties": {
+                "selector": {"type": "object", "additionalProperties": False,
+                             "properties": {"matchLabels": _LABELS}},
+                "jobLabel": {"type": "string"},
+                "endpoints": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "required": ["port"], "additionalProperties": False,
+                    "properties": {"port": {"type": "string"},
+                                   "path": {"type": "string", "pattern": "^/"},
+                                   "scheme": {"enum": ["http", "https"]},
+                                   "interval": _DURATION, "scrapeTimeout": _DURATION}}},
+            },
+        },
+    },
+}
+
+
+def validate(doc: dict[str, Any]) -> None:
+    if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        jsonschema.validate(doc, SERVICE_MONITOR)
+        for endpoint in doc["spec"]["endpoints"]:
+            assert _duration_s(endpoint["scrapeTimeout"]) <= _duration_s(endpoint["interval"])
+    else:
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_every_document_validates_against_the_kubernetes_schemas(docs) -> None:
+    kinds = {d["kind"] for d in docs}
+    assert {"Namespace", "Deployment", "Service", "PodDisruptionBudget", "ConfigMap",
+            "ServiceMonitor", "StatefulSet"} <= kinds
+    for doc in docs:
+        try:
+            validate(doc)
+        except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as exc:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at "
+                        f"{'/'.join(map(str, exc.absolute_path))}")
+
+
+@pytest.mark.parametrize("kind, name, break_it", [
+    ("Deployment", "mtp-gateway",
+     lambda d: d["spec"]["template"]["spec"]["containers"][0].update(readinesProbe={})),
+    ("StatefulSet", "sglang-pair",
+     lambda d: d["spec"]["template"]["spec"]["initContainers"][0].update(restartPolicy=1)),
+    ("PodDisruptionBudget", "mtp-gateway", lambda d: d["spec"].update(maxAvailable=1)),
+    ("ServiceMonitor", "mtp-gateway", lambda d: d["spec"]["endpoints"][0].update(paht="/m")),
+    ("ServiceMonitor", "mtp-gateway",
+     lambda d: d["spec"]["endpoints"][0].update(interval="5s", scrapeTimeout="10s")),
+])
+def test_the_validation_catches_a_broken_manifest(kind, name, break_it) -> None:
+    doc = find(render("pair"), kind, name)
+    validate(doc)
+    break_it(doc)
+    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError,
+                        AssertionError)):
+        validate(doc)
+
+
+# ---------------------------------------------------------------------------------------------
+# The gateway
+
+
+def gateway_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(docs, "Deployment", "mtp-gateway")["spec"]["template"]
+
+
+def gateway_settings(docs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings a gateway pod runs with: the ConfigMap's config.yaml + the pod's GATEWAY_*."""
+    pod = gateway_pod(docs)["spec"]
+    gw = container(pod, "gateway")
+    cmd = gw["command"]
+    config_path = cmd[cmd.index("--config") + 1]
+    (mount,) = [m for m in gw["volumeMounts"] if config_path.startswith(m["mountPath"] + "/")]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    data = find(docs, "ConfigMap", volume["configMap"]["name"])["data"]
+    local = tmp_path / "config.yaml"
+    local.write_text(data[config_path[len(mount["mountPath"]) + 1:]])
+    for key in [k for k in os.environ if k.startswith("GATEWAY_")]:
+        monkeypatch.delenv(key)
+    for key, value in container_env(docs, gw).items():
+        monkeypatch.setenv(key, value)
+    return load_settings(local)
+
+
+def test_gateway_replicas_probes_and_drain(docs, tmp_path, monkeypatch) -> None:
+    deployment = find(docs, "Deployment", "mtp-gateway")
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = deployment["spec"]["template"]["spec"]
+    gw = container(pod, "gateway")
+    settings = gateway_settings(docs, tmp_path, monkeypatch)
+    assert settings.listen.host == "0.0.0.0"
+    for probe, path in (("readinessProbe", "/health"), ("livenessProbe", "/livez")):
+        assert gw[probe]["httpGet"]["path"] == path
+        assert port_number(gw, gw[probe]["httpGet"]["port"]) == settings.listen.port
+    # preStop, then SIGTERM: the drain (shutdown_grace_s) and the aborts' wait, all before SIGKILL.
+    pre_stop = gw["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    drain_s = float(pre_stop[1]) + settings.timeouts.shutdown_grace_s + ABORT_WAIT_S
+    assert pod["terminationGracePeriodSeconds"] > drain_s
+
+
+def test_gateway_service_pdb_and_servicemonitor_select_it(docs, tmp_path, monkeypatch) -> None:
+    pod_labels = gateway_pod(docs)["metadata"]["labels"]
+    settings = gateway_settings(docs, tmp_path, monkeypatch)
+    service = find(docs, "Service", "mtp-gateway")
+    assert selects(service["spec"]["selector"], pod_labels)
+    (http,) = service["spec"]["ports"]
+    assert port_number(container(gateway_pod(docs)["spec"], "gateway"), http["targetPort"]) \
+        == settings.listen.port
+    pdb = find(docs, "PodDisruptionBudget", "mtp-gateway")
+    assert selects(pdb["spec"]["selector"]["matchLabels"], pod_labels)
+    assert 1 <= pdb["spec"]["minAvailable"] < find(docs, "Deployment", "mtp-gateway")["spec"]["replicas"]
+    monitor = find(docs, "ServiceMonitor", "mtp-gateway")
+    assert selects(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == [http["name"]]
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_every_servicemonitor_scrapes_named_service_ports(docs) -> None:
+    for monitor in of_kind(docs, "ServiceMonitor"):
+        services = [s for s in of_kind(docs, "Service")
+                    if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+        assert services, monitor["metadata"]["name"]
+        for service in services:
+            names = {p["name"] for p in service["spec"]["ports"]}
+            assert {e["port"] for e in monitor["spec"]["endpoints"]} <= names
+
+
+@pytest.mark.timeout(30)
+async def test_probe_endpoints_behave_as_the_probes_need() -> None:
+    """Readiness (/health) drops when no backend can serve; liveness (/livez) does not, so an
+    outage of both backends takes the gateways out of the Service without restarting them."""
+    backend = MinimalOpenAI()
+    async with serve_app(backend.app) as url:
+        backends = SimpleNamespace(urls={"mtp": url, "plain": url})
+        async with live_gateway(backends, monitor={"interval_s": 3600.0}) as gateway, \
+                httpx.AsyncClient() as client:
+            assert (await client.get(gateway.url + "/health")).status_code == 200
+            backend.models_status = 503
+            for _ in range(gateway.runtime.settings.monitor.fall):
+                await gateway.runtime.monitor.probe_all()
+            assert (await client.get(gateway.url + "/health")).status_code == 503
+            live = await client.get(gateway.url + "/livez")
+            assert live.status_code == 200 and live.json() == {"status": "alive"}
+
+
+def test_gateway_backends_reach_the_pair_servers(tmp_path, monkeypatch) -> None:
+    docs = render("pair")
+    settings = gateway_settings(docs, tmp_path, monkeypatch)
+    pair = find(docs, "StatefulSet", "sglang-pair")
+    headless = find(docs, "Service", pair["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    for role in ("mtp", "plain"):
+        url = urlsplit(settings.backends.get(role).url)
+        pod_name, service_name = url.hostname.split(".")
+        ordinal = int(pod_name.removeprefix(pair["metadata"]["name"] + "-"))
+        assert service_name == headless["metadata"]["name"] and ordinal < pair["spec"]["replicas"]
+        server = container(pair["spec"]["template"]["spec"], SGLANG_SERVICES[role])
+        assert url.port == int(_flags(server["args"])["--port"])
+        assert url.port in {p["port"] for p in headless["spec"]["ports"]}
+
+
+def test_gateway_backends_reach_the_pool_routers(pools, tmp_path, monkeypatch) -> None:
+    from sglang_router.launch_router import parse_router_args
+
+    settings = gateway_settings(pools, tmp_path, monkeypatch)
+    pair = find(pools, "StatefulSet", "sglang-pair")
+    assert pair["spec"]["replicas"] >= 2
+    pair_labels = pair["spec"]["template"]["metadata"]["labels"]
+    for role in ("mtp", "plain"):
+        url = urlsplit(settings.backends.get(role).url)
+        service = find(pools, "Service", url.hostname)
+        (port,) = [p for p in service["spec"]["ports"] if p["port"] == url.port]
+        (router,) = [d for d in of_kind(pools, "Deployment")
+                     if selects(service["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])]
+        assert router["spec"]["replicas"] == 1  # its cache-aware state is in its memory
+        pod = router["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
+        args = parse_router_args(expand(c["args"], {"POD_NAMESPACE": "mtp-gateway"}))
+        assert port_number(c, port["targetPort"]) == args.port
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readiness"
+        # The router watches the pair pods and sends to this role's server in each.
+        server = container(pair["spec"]["template"]["spec"], SGLANG_SERVICES[role])
+        assert args.service_discovery and args.selector == pair_labels
+        assert args.service_discovery_port == int(_flags(server["args"])["--port"])
+        assert args.service_discovery_namespace == "mtp-gateway"
+        assert args.policy == "cache_aware"
+        (binding,) = [b for b in of_kind(pools, "RoleBinding")
+                      if {"kind": "ServiceAccount", "name": pod["serviceAccountName"],
+                          "namespace": "mtp-gateway"} in b["subjects"]]
+        role_rules = find(pools, "Role", binding["roleRef"]["name"])["rules"]
+        assert any("pods" in r["resources"] and {"list", "watch"} <= set(r["verbs"])
+                   for r in role_rules)
+
+
+# ---------------------------------------------------------------------------------------------
+# The SGLang pair
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return load_compose("compose.yaml")
+
+
+def pair_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(docs, "StatefulSet", "sglang-pair")["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("role", ["mtp", "plain"])
+def test_sglang_flags_are_exactly_compose_flags(docs, compose, role) -> None:
+    service = compose["services"][SGLANG_SERVICES[role]]
+    server = container(pair_pod(docs), SGLANG_SERVICES[role])
+    assert server["command"] == SGLANG_ENTRYPOINT
+    assert server["image"] == service["image"]
+    args = expand(server["args"], container_env(docs, server))
+    assert args == service["command"]  # compose's defaults, flag for flag and in order
+    assert set(_flags(args)) <= _flag_list()
+
+
+def test_sglang_pair_shares_gpus_and_starts_mtp_first(docs, compose) -> None:
+    pod = pair_pod(docs)
+    mtp, plain = (container(pod, SGLANG_SERVICES[r]) for r in ("mtp", "plain"))
+    tp = int(_flags(expand(mtp["args"], container_env(docs, mtp)))["--tp-size"])
+    # The GPUs are requested once, all of them (= TP), and seen by both servers.
+    assert int(mtp["resources"]["limits"]["nvidia.com/gpu"]) == tp
+    assert "nvidia.com/gpu" not in plain.get("resources", {}).get("limits", {})
+    assert container_env(docs, plain)["NVIDIA_VISIBLE_DEVICES"] == "all"
+    # Start order: the MTP server is a sidecar whose startup probe (/ready: allocated and warmed
+    # up) gates the start of the pod's containers, the plain server among them.
+    assert mtp in pod["initContainers"] and mtp["restartPolicy"] == "Always"
+    assert plain in pod["containers"]
+    start_period = _duration_s(compose["services"]["sglang-mtp"]["healthcheck"]["start_period"])
+    for server in (mtp, plain):
+        probe = server["startupProbe"]
+        assert probe["httpGet"]["path"] == "/ready"
+        assert port_number(server, probe["httpGet"]["port"]) == int(_flags(server["args"])["--port"])
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= start_period
+        assert "livenessProbe" not in server  # a server restarted alone sizes itself wrongly
+    # Weights from the node's cache and shared memory in RAM, for each server.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for server in (mtp, plain):
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in server["volumeMounts"]}
+        assert "hostPath" in mounts["/root/.cache/huggingface"]
+        assert mounts["/dev/shm"]["emptyDir"]["medium"] == "Memory"
+    # One pair per node.
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(term["labelSelector"]["matchLabels"],
+                   find(docs, "StatefulSet", "sglang-pair")["spec"]["template"]["metadata"]["labels"])
+
+
+def test_sglang_metrics_jobs_are_the_dashboards(docs) -> None:
+    """Prometheus names a ServiceMonitor's job after the Service: the Grafana dashboard
+    (docker/grafana) tells the servers apart by the jobs sglang-mtp and sglang-plain."""
+    pair_labels = find(docs, "StatefulSet", "sglang-pair")["spec"]["template"]["metadata"]["labels"]
+    (monitor,) = [m for m in of_kind(docs, "ServiceMonitor") if m["metadata"]["name"] == "sglang"]
+    scraped = {s["metadata"]["name"]: s for s in of_kind(docs, "Service")
+               if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])}
+    assert set(scraped) == set(SGLANG_SERVICES.values())
+    pod = pair_pod(docs)
+    for name in SGLANG_SERVICES.values():
+        (port,) = scraped[name]["spec"]["ports"]
+        assert selects(scraped[name]["spec"]["selector"], pair_labels)
+        server = container(pod, name)
+        assert port_number(server, port["targetPort"]) == int(_flags(server["args"])["--port"])
