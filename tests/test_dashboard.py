@@ -46,8 +46,9 @@ from tests.conftest import live_gateway
 from tests.live import wait_until
 from tests.test_gateway_live import OpenStream, chat
 
-CHROMIUM = next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser"),
-                             "/usr/bin/chromium") if p and os.access(p, os.X_OK)), None)
+CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"),
+                             shutil.which("chromium-browser"), "/usr/bin/chromium")
+                 if p and os.access(p, os.X_OK)), None)
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -61,7 +62,8 @@ CALL_TIMEOUT_S = 10.0
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None,
-    reason="no chromium binary (Debian package `chromium`; .ci/run installs it)")
+    reason="the dashboard's browser test needs Chromium: `apt-get install chromium` (Debian/Ubuntu; "
+           ".ci/run does this), or CHROMIUM=/path/to/chromium-or-chrome")
 
 
 # --- a tiny DevTools-protocol client over --remote-debugging-pipe ----------------------------

@@ -12,8 +12,12 @@ requests wait for a slot, and their fast decode is not what their users get).
    cannot pull it down). With the level C_lo just below it (d > 0 there), the equal point is
    interpolated linearly: C* = C_lo + (C_hi - C_lo) * d(C_lo) / (d(C_lo) - d(C_hi)). When plain
    already wins at the lowest level, C* = that level - 1; when it never wins, there is none.
-2. The two conditions must both hold ("plain's aggregate beats MTP's *and* MTP's per-request
-   lead is gone"), so the crossing is the larger of the two C*.
+2. The objective picks one of the two C* (``--objective``, both are always printed):
+   ``aggregate`` (the default) is where plain starts serving more tokens per second in total:
+   past it, MTP's faster requests cost the pair capacity. It is the figure the README and
+   config.yaml's default crossover are stated in (31 on the simulated seed pair).
+   ``per-request`` is where MTP's requests stop being faster for their users (queueing
+   included); choose it when each request's speed matters more than the total.
 3. ``routing.crossover`` is compared with live concurrency *not counting the new request*:
    with crossover X, X closed-loop clients stay on MTP and the (X+1)-th request goes to plain.
    So the value is floor(C*): the last concurrency at which MTP is still at least as good.
@@ -68,6 +72,13 @@ def crossing(levels: Sequence[int], mtp: Sequence[float], plain: Sequence[float]
     return Crossing(lo + (hi - lo) * d_lo / (d_lo - d_hi), hi)
 
 
+OBJECTIVES = {  # --objective: which crossing becomes routing.crossover, and what it optimises
+    "aggregate": "plain serves more tokens per second in total past it",
+    "per-request": "MTP's requests are no longer faster for their users past it",
+}
+DEFAULT_OBJECTIVE = "aggregate"
+
+
 @dataclass(frozen=True)
 class CrossoverResult:
     crossover: int | None  # the value for routing.crossover (None: plain never wins)
@@ -75,28 +86,32 @@ class CrossoverResult:
     aggregate: Crossing
     per_request: Crossing
     mtp_cap: int | None
+    objective: str = DEFAULT_OBJECTIVE
 
     def explain(self) -> str:
-        def fmt(c: Crossing) -> str:
+        def fmt(name: str, c: Crossing) -> str:
             if c.level is None:
-                return "plain never overtakes MTP in the measured range"
-            return (f"equal at C = {c.level:.1f} "
-                    f"(plain ahead from the measured level {c.first_plain_level} on)")
+                return f"{name} crossing: none (plain never overtakes MTP in the measured range)"
+            return (f"{name} crossing: equal at C = {c.level:.1f} (plain ahead from the measured "
+                    f"level {c.first_plain_level} on) -> crossover {max(1, math.floor(c.level))}")
 
-        lines = [f"aggregate tok/s: {fmt(self.aggregate)}",
-                 f"user-visible per-request tok/s: {fmt(self.per_request)}"]
+        default = " (the default)" if self.objective == DEFAULT_OBJECTIVE else ""
+        lines = [fmt("aggregate tok/s", self.aggregate),
+                 fmt("user-visible per-request tok/s", self.per_request),
+                 f"objective: {self.objective}{default}: {OBJECTIVES[self.objective]}"]
         if self.crossover is None:
-            lines.append("no crossover: MTP is as good or better at every measured level")
+            lines.append(f"no crossover: by the {self.objective} objective MTP is as good or better "
+                         "at every measured level")
         else:
             capped = (f", capped at MTP's effective running cap {self.mtp_cap} (uncapped {self.uncapped})"
                       if self.uncapped is not None and self.crossover < self.uncapped else "")
-            lines.append(f"crossover = {self.crossover}: MTP up to {self.crossover} requests in flight, "
-                         f"plain from {self.crossover + 1}{capped}")
+            lines.append(f"chosen: the {self.objective} crossing, crossover = {self.crossover}: MTP up "
+                         f"to {self.crossover} requests in flight, plain from {self.crossover + 1}{capped}")
         return "\n".join(lines)
 
 
 def find_crossover(mtp: Sequence[LevelResult], plain: Sequence[LevelResult],
-                   mtp_cap: int | None = None) -> CrossoverResult:
+                   mtp_cap: int | None = None, objective: str = DEFAULT_OBJECTIVE) -> CrossoverResult:
     by_plain = {r.concurrency: r for r in plain}
     pairs = [(m, by_plain[m.concurrency]) for m in sorted(mtp, key=lambda r: r.concurrency)
              if m.concurrency in by_plain]
@@ -105,11 +120,14 @@ def find_crossover(mtp: Sequence[LevelResult], plain: Sequence[LevelResult],
     levels = [m.concurrency for m, _ in pairs]
     agg = crossing(levels, [m.aggregate_tps for m, _ in pairs], [p.aggregate_tps for _, p in pairs])
     per = crossing(levels, [m.user_tps for m, _ in pairs], [p.user_tps for _, p in pairs])
-    if agg.level is None or per.level is None:
-        return CrossoverResult(None, None, agg, per, mtp_cap)
-    uncapped = max(1, math.floor(max(agg.level, per.level)))
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
+    chosen = agg if objective == "aggregate" else per
+    if chosen.level is None:
+        return CrossoverResult(None, None, agg, per, mtp_cap, objective)
+    uncapped = max(1, math.floor(chosen.level))
     crossover = min(uncapped, mtp_cap) if mtp_cap else uncapped
-    return CrossoverResult(crossover, uncapped, agg, per, mtp_cap)
+    return CrossoverResult(crossover, uncapped, agg, per, mtp_cap, objective)
 
 
 def suggested_hysteresis(crossover: int, current: int) -> int:

@@ -21,6 +21,8 @@ import aiohttp
 
 from gateway.bench import report
 from gateway.bench.calibrate import (
+    DEFAULT_OBJECTIVE,
+    OBJECTIVES,
     find_crossover,
     fit_profile,
     set_routing_values,
@@ -54,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key")
     parser.add_argument("--config", default="config.yaml",
                         help="config whose routing.hysteresis is the starting point (default %(default)s)")
+    parser.add_argument("--objective", choices=list(OBJECTIVES), default=DEFAULT_OBJECTIVE,
+                        help="which crossing becomes routing.crossover (both are printed): aggregate, "
+                             "where plain serves more tok/s in total (the default: the pair's "
+                             "capacity, the figure config.yaml's default is stated in), or "
+                             "per-request, where MTP's requests stop being faster for their users")
     parser.add_argument("--write", metavar="CONFIG", help="update routing.crossover in this file in place")
     parser.add_argument("--profile-out", metavar="PATH", help="save the measured curves as sim profiles")
     parser.add_argument("--json", metavar="PATH")
@@ -116,12 +123,15 @@ async def calibrate(args: argparse.Namespace) -> int:
         print(f"mtp-gateway calibrate: {exc}", file=sys.stderr)
         return 2
     guard = getattr(current, "capacity_guard", True)
-    outcome = find_crossover(results["mtp"], results["plain"], caps["mtp"] if guard else None)
+    outcome = find_crossover(results["mtp"], results["plain"], caps["mtp"] if guard else None,
+                             args.objective)
     print("\n" + outcome.explain())
     if args.json:
         report.write_json(args.json, results, {
             "mode": "HTTP calibrate", "workload": args.workload, "speed": args.speed,
             "caps": caps, "accept_length": accept,
+            "objective": args.objective, "aggregate_crossing": outcome.aggregate.level,
+            "per_request_crossing": outcome.per_request.level,
             "crossover": outcome.crossover, "uncapped_crossover": outcome.uncapped})
     if args.plot:
         report.plot(args.plot, results, f"calibrate: {args.workload} workload")
@@ -162,5 +172,7 @@ async def calibrate(args: argparse.Namespace) -> int:
         except (OSError, ValueError, ConfigError) as exc:
             print(f"mtp-gateway calibrate: cannot update {path}: {exc}", file=sys.stderr)
             return 2
-        print(f"written to {path}")
+        print(f"written to {path} (the {args.objective} crossing)")
+    else:
+        print("not written: pass --write CONFIG to update routing.crossover")
     return 0

@@ -36,7 +36,9 @@ async def test_calibrate_finds_the_crossover_and_writes_it(tmp_path, capsys):
         assert crossover == 24  # capped at MTP's running cap
     else:
         assert crossover > 24, out  # MTP queues past its cap while that still pays
-    assert "aggregate tok/s: equal at C =" in out
+    assert "aggregate tok/s crossing: equal at C =" in out
+    assert "per-request tok/s crossing: " in out
+    assert f"written to {config} (the aggregate crossing)" in out
     # Only the value changed: every comment line of the original is still there.
     original = [ln for ln in (ROOT / "config.yaml").read_text().splitlines() if ln.lstrip().startswith("#")]
     assert [ln for ln in config.read_text().splitlines() if ln.lstrip().startswith("#")] == original

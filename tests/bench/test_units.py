@@ -143,14 +143,34 @@ def test_crossing_none_and_from_the_start():
     assert crossing([4, 8], [1, 1], [2, 2]).level == 3
 
 
-def test_find_crossover_takes_the_later_condition_and_floors():
-    mtp, plain = curves([100, 800, 1300, 1600, 1600, 1600, 1600], [90, 600, 900, 1300, 1700, 2700, 2800],
-                        mtp_user=[100, 90, 80, 66, 50, 25, 12], plain_user=[90, 75, 60, 54, 52, 42, 22])
-    result = find_crossover(mtp, plain)
+# Aggregate tok/s cross at 30.0, per-request tok/s at 32 + 32 * 4 / 21 = 38.1.
+SPLIT = curves([100, 800, 1300, 1600, 1600, 1600, 1600], [90, 600, 900, 1300, 1700, 2700, 2800],
+               mtp_user=[100, 90, 80, 66, 56, 25, 12], plain_user=[90, 75, 60, 54, 52, 42, 22])
+
+
+def test_find_crossover_takes_the_aggregate_crossing_by_default_and_floors():
+    result = find_crossover(*SPLIT)
     assert result.aggregate.level == pytest.approx(30.0)
-    assert result.per_request.first_plain_level == 32
-    assert result.crossover == math.floor(max(result.aggregate.level, result.per_request.level))
-    assert result.crossover == 30  # per-request crossing 30.86, aggregate 30.0: the later, floored
+    assert result.per_request.level == pytest.approx(32 + 32 * 4 / 21)
+    assert (result.objective, result.crossover) == ("aggregate", 30)
+
+
+def test_find_crossover_per_request_objective_takes_the_other_crossing():
+    result = find_crossover(*SPLIT, objective="per-request")
+    assert result.crossover == 38
+    with pytest.raises(ValueError, match="objective"):
+        find_crossover(*SPLIT, objective="both")
+
+
+def test_explain_names_both_crossings_and_the_chosen_one():
+    text = find_crossover(*SPLIT, objective="per-request").explain()
+    assert "aggregate tok/s crossing: equal at C = 30.0 (plain ahead from the measured level 32 on) " \
+           "-> crossover 30" in text
+    assert "per-request tok/s crossing: equal at C = 38.1 (plain ahead from the measured level 64 on) " \
+           "-> crossover 38" in text
+    assert "objective: per-request: MTP's requests are no longer faster for their users" in text
+    assert "chosen: the per-request crossing, crossover = 38" in text
+    assert "objective: aggregate (the default)" in find_crossover(*SPLIT).explain()
 
 
 def test_find_crossover_is_capped_at_mtps_running_cap():
