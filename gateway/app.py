@@ -44,7 +44,7 @@ class Runtime:
                                       settings.monitor.circuit_open_s)
         self.monitor = Monitor(settings, self.router, self.upstream)
         self.proxy = ProxyEndpoint(lambda: self.settings, self.router, self.upstream, self.metrics,
-                                   self.breaker, self.monitor.served_models)
+                                   self.breaker)
 
     def apply_routing(self, settings: Settings) -> None:
         """Swap in a new routing section; the next decision uses it."""
@@ -75,7 +75,8 @@ class Runtime:
         if fresh.routing != self.settings.routing:
             self.apply_routing(fresh)
             log.warning("routing reloaded from %s: %s", self.config_path, fresh.routing)
-        ignored = [k for k in ("listen", "backends", "timeouts", "limits", "auth", "monitor")
+        ignored = [k for k in ("listen", "backends", "timeouts", "limits", "auth", "monitor",
+                                 "log")
                    if getattr(fresh, k) != getattr(self.settings, k)]
         if ignored:
             log.warning("config sections %s changed; they take effect on restart", ignored)

@@ -33,14 +33,15 @@ class Listen(_Frozen):
 class Backend(_Frozen):
     url: str
     api_key: str | None = None
+    admin_api_key: str | None = None  # SGLang --admin-api-key: /abort_request needs it when set
 
     @model_validator(mode="after")
     def _url_is_http(self) -> Backend:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"backend url must start with http:// or https://, got {self.url!r}")
-        key = self.api_key
-        if key is not None and not (key.isascii() and key.isprintable()):
-            raise ValueError("backend api_key must be printable ASCII (it goes in a header)")
+        for key in (self.api_key, self.admin_api_key):
+            if key is not None and not (key.isascii() and key.isprintable()):
+                raise ValueError("backend keys must be printable ASCII (they go in a header)")
         return self
 
 
@@ -115,6 +116,10 @@ class Monitor(_Frozen):
     backend_loads_max_age_s: float = Field(3.0, gt=0)
 
 
+class Log(_Frozen):
+    access: bool = True  # one line per request on the logger mtp_gateway.access
+
+
 class ConfigError(Exception):
     """Invalid configuration; the message names the key."""
 
@@ -131,6 +136,7 @@ class Settings(BaseSettings):
     limits: Limits = Limits()
     auth: Auth = Auth()
     monitor: Monitor = Monitor()
+    log: Log = Log()
 
     @classmethod
     def settings_customise_sources(

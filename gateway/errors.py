@@ -1,4 +1,5 @@
-"""Errors the gateway raises, and their one mapping to OpenAI-shaped JSON.
+"""Errors the gateway raises, and their one mapping to JSON in the shape of each API:
+OpenAI (chat, completions and the rest), Anthropic (/v1/messages), Responses (/v1/responses).
 
     GatewayError                      status, type, code
     ├── ClientError                   4xx: the caller's mistake
@@ -16,12 +17,16 @@
         ├── NoBackend                 503 no healthy backend
         ├── UpstreamConnectError      502 connection refused / reset before a response
         ├── UpstreamTimeout           504 a timeout fired (kind names which)
-        └── UpstreamBroken            502 the backend closed a response half way
+        ├── UpstreamBroken            502 the backend closed a response half way
+        └── UpstreamRefused           the backend's own answer was an error (in a 200 stream)
+    RelayError                        500 the gateway failed writing to its client (not the backend's)
 """
 
 from __future__ import annotations
 
 import json
+
+from gateway.apis import ANTHROPIC, OPENAI
 
 
 class GatewayError(Exception):
@@ -36,16 +41,14 @@ class GatewayError(Exception):
         self.message = message
         self.headers = headers or {}
 
-    def body(self) -> dict[str, dict[str, object]]:
+    def body(self, api: str = OPENAI) -> dict[str, object]:
+        if api == ANTHROPIC:
+            return anthropic_error(self.status, self.message)
         return {"error": {"message": self.message, "type": self.type, "param": None,
                           "code": self.code}}
 
-    def to_bytes(self) -> bytes:
-        return json.dumps(self.body()).encode()
-
-    def sse_event(self) -> bytes:
-        """The mid-stream form: one SSE error event then [DONE], as SGLang ends a broken stream."""
-        return b"data: " + self.to_bytes() + b"\n\ndata: [DONE]\n\n"
+    def to_bytes(self, api: str = OPENAI) -> bytes:
+        return json.dumps(self.body(api)).encode()
 
 
 class ClientError(GatewayError):
@@ -117,6 +120,28 @@ class UpstreamTimeout(UpstreamError):
 
 class UpstreamBroken(UpstreamError):
     code, kind = "upstream_stream_broken", "broken_stream"
+
+
+class RelayError(GatewayError):
+    """Writing to the client failed in the gateway itself: never the backend's failure."""
+
+    kind = "relay"
+
+
+# Anthropic error types by HTTP status, as SGLang maps them (anthropic/serving.py:74-85).
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 408: "request_timeout_error", 429: "rate_limit_error",
+    500: "api_error", 502: "api_error", 503: "overloaded_error", 504: "api_error",
+}
+ANTHROPIC_STATUS = {kind: status for status, kind in ANTHROPIC_ERROR_TYPES.items()
+                    if kind != "api_error"} | {"api_error": 502}
+
+
+def anthropic_error(status: int, message: str) -> dict[str, object]:
+    """The Anthropic envelope (anthropic/protocol.py AnthropicErrorResponse)."""
+    return {"type": "error", "error": {"type": ANTHROPIC_ERROR_TYPES.get(status, "api_error"),
+                                       "message": message}}
 
 
 def openai_shaped(body: bytes) -> bytes:

@@ -13,7 +13,9 @@ from typing import Any, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
+from pydantic import TypeAdapter, ValidationError
 
+from gateway.apis import OPENAI, api_of
 from gateway.config import BACKEND_NAMES, BackendName
 from gateway.errors import BadRequest, UnsupportedMediaType
 
@@ -35,9 +37,18 @@ PROXY_PATHS: dict[str, str | None] = {
     "/v1/classify": None,
     "/v1/tokenize": None,
     "/v1/detokenize": None,
+    "/generate": None,  # SGLang's native API: text, input_ids or input_embeds
 }
-# Endpoints where SGLang takes a client `rid`: setting it lets the gateway abort by id.
-RID_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# Where SGLang takes a request id from the body, and under which name. /v1/responses uses
+# its `request_id` as the rid and as the response's id (serving_responses.py:592, protocol.py:1973).
+RID_FIELDS = {"/v1/chat/completions": "rid", "/v1/completions": "rid", "/generate": "rid",
+              "/v1/responses": "request_id"}
+# /v1/messages has no rid field (anthropic/protocol.py:370); SGLang reads this header instead
+# when launched with SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1 (request_headers.py:11,
+# serving_chat.py:1417), and ignores it otherwise.
+RID_HEADER = b"x-override-rid"
+RID_HEADER_PATHS = frozenset({"/v1/messages"})
+_as_bool = TypeAdapter(bool).validate_python  # how SGLang's pydantic models read `stream`
 
 # Request ids: random per process (no clash between gateway replicas), then a counter, so
 # no system call per request; 32 hex characters like SGLang's own.
@@ -63,6 +74,10 @@ class Inbound:
     session: str | None
     pin: BackendName | None
     rid: str | None
+    api: str = OPENAI
+    abort_rids: tuple[str, ...] = ()  # what /abort_request must name to stop all of its work
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # added to the upstream request
+    previous_response_id: str | None = None  # /v1/responses: a stored response it continues
 
 
 def header(headers: Headers, name: bytes) -> str | None:
@@ -85,6 +100,12 @@ class RequestFields(msgspec.Struct):
     model: Any = UNSET
     stream: Any = UNSET
     rid: Any = UNSET
+    request_id: Any = UNSET  # /v1/responses
+    previous_response_id: Any = UNSET
+    n: Any = UNSET
+    sampling_params: Any = UNSET  # /generate: n lives there
+    text: msgspec.Raw | UnsetType = UNSET  # /generate
+    input_ids: msgspec.Raw | UnsetType = UNSET
     user: Any = UNSET
     metadata: Any = UNSET  # Anthropic Messages: metadata.user_id
     messages: msgspec.Raw | UnsetType = UNSET
@@ -132,12 +153,24 @@ def validate_fields(path: str, fields: RequestFields) -> None:
     required = PROXY_PATHS.get(path)
     if required is not None and getattr(fields, required) is UNSET:
         raise BadRequest(f"missing required field '{required}'")
-    for value, kind, label in ((fields.stream, bool, "stream' must be a boolean"),
-                               (fields.model, str, "model' must be a string")):
-        if value is not UNSET and value is not None and not isinstance(value, kind):
-            raise BadRequest(f"'{label}")
+    model = fields.model
+    if model is not UNSET and model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string")
     if path == "/v1/chat/completions" and not _is_array(fields.messages):
         raise BadRequest("'messages' must be an array")
+
+
+def is_stream(value: Any) -> bool:
+    """`stream` as SGLang's pydantic models read it: true, 1, "true", "yes", "on", ... (lax
+    bool); a value pydantic refuses is the client's 400 here too."""
+    if value is True or value is False:
+        return value
+    if value is UNSET or value is None:
+        return False
+    try:
+        return _as_bool(value)
+    except ValidationError:
+        raise BadRequest("'stream' must be a boolean") from None
 
 
 def _is_array(raw: msgspec.Raw | UnsetType) -> bool:
@@ -167,19 +200,53 @@ def pin_of(headers: Headers, allowed: bool) -> BackendName | None:
     return value  # type: ignore[return-value]
 
 
-def with_rid(body: bytes, fields: RequestFields) -> tuple[Body, str | None]:
+def with_rid(body: bytes, fields: RequestFields, name: str = "rid",
+             prefix: str = "") -> tuple[Body, str | None]:
     """Give the request an id SGLang will use, by splicing bytes rather than re-encoding: the
     id goes in a small piece of its own, the client's bytes follow as a view (no copy)."""
-    if fields.rid is not UNSET:
-        existing = fields.rid
+    existing = getattr(fields, name)
+    if existing is not UNSET:
         return (body,), existing if isinstance(existing, str) and existing else None
     if not body.lstrip().startswith(b"{"):
         return (body,), None  # e.g. UTF-16: leave it alone rather than guess
-    rid = next(_rids)
+    rid = prefix + next(_rids)
     start = body.index(b"{") + 1
     separator = b"" if _EMPTY_REST.match(body, start) else b","
-    head = b'%s"rid":"%s"%s' % (body[:start], rid.encode(), separator)
+    head = b'%s"%s":"%s"%s' % (body[:start], name.encode(), rid.encode(), separator)
     return (head, memoryview(body)[start:]), rid
+
+
+def abort_rids(path: str, fields: RequestFields, rid: str | None) -> tuple[str, ...]:
+    """The rids SGLang gives the work of one request, as far as they can be known.
+
+    A batch (a list of prompts on /v1/completions or /generate) runs as `rid_0`, `rid_1`, ...
+    (io_struct.py:764), and SGLang's /abort_request needs the exact rid (tokenizer_manager.py:
+    2246). With n > 1 every sample gets a fresh random rid (tokenizer_manager.py:2174,
+    `regenerate_rid`): nothing the gateway sends can name them, so no abort is sent."""
+    if rid is None or _samples(fields) > 1:
+        return ()
+    batch = _batch_size(fields.prompt if path == "/v1/completions" else
+                        fields.text if fields.text is not UNSET else fields.input_ids)
+    return (rid,) if batch is None else tuple(f"{rid}_{i}" for i in range(batch))
+
+
+def _samples(fields: RequestFields) -> int:
+    n = fields.n
+    params = fields.sampling_params
+    if n is UNSET and isinstance(params, dict):
+        n = params.get("n", 1)
+    return n if isinstance(n, int) else 1
+
+
+def _batch_size(raw: msgspec.Raw | UnsetType) -> int | None:
+    """Length of a list of prompts (strings or token lists); None for a single prompt."""
+    if raw is UNSET:
+        return None
+    view = memoryview(raw)
+    if bytes(view[:1]) != b"[" or bytes(view[1:].tobytes().lstrip()[:1]) not in (b'"', b"["):
+        return None
+    items = msgspec.json.decode(view)
+    return len(items) if isinstance(items, list) else None
 
 
 def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: tuple[str, ...],
@@ -189,26 +256,39 @@ def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: 
     validate_fields(path, fields)
     rid = None
     parts: Body = (body,)
-    if path in RID_PATHS:
-        parts, rid = with_rid(body, fields)
+    extra: tuple[tuple[bytes, bytes], ...] = ()
+    name = RID_FIELDS.get(path)
+    if name is not None:
+        # Response ids must start with "resp_" to be named as previous_response_id later.
+        parts, rid = with_rid(body, fields, name, "resp_" if name == "request_id" else "")
+    elif path in RID_HEADER_PATHS:
+        rid = header(headers, RID_HEADER) or next(_rids)
+        extra = ((RID_HEADER, rid.encode("latin-1")),)
+    previous = fields.previous_response_id
     return Inbound(
         path=path,
         body=parts,
-        stream=fields.stream is True,
+        stream=is_stream(fields.stream),
         model=fields.model if isinstance(fields.model, str) else None,
         session=session_of(headers, fields, session_headers),
         pin=pin_of(headers, allow_pin),
         rid=rid,
+        api=api_of(path),
+        abort_rids=abort_rids(path, fields, rid),
+        headers=extra,
+        previous_response_id=previous if isinstance(previous, str) and previous else None,
     )
 
 
-def upstream_headers(headers: Headers, api_key: str | None) -> list[tuple[bytes, bytes]]:
-    drop = _DROP_REQUEST_HEADERS
+def upstream_headers(headers: Headers, api_key: str | None,
+                     extra: tuple[tuple[bytes, bytes], ...] = ()) -> list[tuple[bytes, bytes]]:
+    drop = _DROP_REQUEST_HEADERS | {name for name, _ in extra}
     for key, value in headers:
         # Headers named in Connection describe this hop only (RFC 9110 7.6.1).
         if key == b"connection" and value.lower() not in (b"keep-alive", b"close"):
             drop = drop | {token.strip().lower() for token in value.split(b",")}
     kept = [(key, value) for key, value in headers if key not in drop]
+    kept.extend(extra)
     if api_key:
         kept.append((b"authorization", b"Bearer " + api_key.encode("latin-1")))
     return kept

@@ -3,8 +3,8 @@
 `Monitor` is one background task owned by the app's lifespan. Every `interval_s` it reads
 each backend's `/v1/loads` (cheap: SGLang serves a snapshot; `/health` runs a generation and
 takes over a second, so it would misfire under load) and, less often, `/server_info` for the
-effective running cap and the speculative accept length, and `/v1/models` for the served
-model. Probes mark a backend down after `fall` failures and up after `rise` successes.
+effective running cap and the speculative accept length. Probes mark a backend down after
+`fall` failures and up after `rise` successes.
 A backend without `/v1/loads` or `/server_info` (404/405: an OpenAI-compatible server that is
 not SGLang, or SGLang's own router in front of a pool) stays usable: `/v1/models` is its probe,
 the gateway routes on its own in-flight counts, and says so once in the log and in
@@ -115,26 +115,15 @@ def parse_loads(loads: Any) -> tuple[int, int] | None:
     return running, waiting
 
 
-def parse_models(models: Any) -> set[str]:
-    if not isinstance(models, dict) or not isinstance(models.get("data"), list):
-        return set()
-    return {m["id"] for m in models["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)}
-
-
 class Monitor:
     def __init__(self, settings: Settings, router: Router, upstream: Upstream) -> None:
         self.settings = settings
         self.router = router
         self.upstream = upstream
         self.streaks = {name: ProbeStreak() for name in BACKEND_NAMES}
-        self.models: dict[BackendName, set[str]] = {name: set() for name in BACKEND_NAMES}
-        self.model_payload: dict[str, Any] | None = None  # one backend's /v1/models answer
         # Optional endpoints each backend answered 404/405 on at its last reading.
         self.missing: dict[BackendName, frozenset[str]] = {n: frozenset() for n in BACKEND_NAMES}
         self._rounds = 0
-
-    def served_models(self) -> set[str]:
-        return set().union(*self.models.values())
 
     async def run(self) -> None:
         while True:
@@ -162,11 +151,8 @@ class Monitor:
                 self._note(missing, SERVER_INFO, info)
                 health.effective_cap, health.accept_length = parse_server_info(info)
             self._note(missing, LOADS, loads)
-            if not self.models[name] or loads is MISSING:  # /v1/models: the probe left
-                models = await self.upstream.get_json(backend.url + "/v1/models", headers, budget)
-                self.models[name] = parse_models(models)
-                if isinstance(models, dict) and self.models[name]:
-                    self.model_payload = models
+            if loads is MISSING:  # /v1/models: the probe left
+                await self.upstream.get_json(backend.url + "/v1/models", headers, budget)
             running_waiting = parse_loads(loads)
         except GatewayError as exc:
             self._probe_failed(name, exc.message)

@@ -4,10 +4,12 @@
 read and the client write. The life of a request:
 
     read body -> parse once -> admit (decide + count) -> attempt on a backend
-      -> [connect error, 5xx, or broken before the first byte: retry once on the other]
-      -> commit: response headers + first bytes to the client -> relay chunks
-      -> end: [DONE] from upstream, or an SSE error event + [DONE], or the client left
-    finally: release the in-flight slot, abort upstream work the client no longer wants.
+      -> [connect error, 5xx, broken before the first byte, or a stream whose first event
+          is an error: retry once on the other]
+      -> commit: response headers + first events to the client -> relay chunks (whole events)
+      -> end: the backend's own end, or an error ending in the API's shape, or the client left
+    finally: release the in-flight slot, abort upstream work the client no longer wants,
+             one access-log line.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.apis import OPENAI, RESPONSES, api_of
 from gateway.config import BackendName, Settings
 from gateway.errors import (
     BadRequest,
@@ -38,22 +41,26 @@ from gateway.errors import (
     openai_shaped,
 )
 from gateway.inbound import Headers, Inbound, bearer_token, parse_inbound, upstream_headers
-from gateway.load import Lease, Router
+from gateway.load import Lease, Router, SessionMap
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import CircuitBreaker
 from gateway.policy import RequestFacts, other
 from gateway.server import BODY_WRITER, BodyWriter
+from gateway.sse import EventFramer, split_events
+from gateway.streams import ending, ends_in_error, event_error, leads_in
 from gateway.upstream import Upstream, UpstreamResponse
 from gateway.watchdog import CLIENT_GONE, KEEPALIVE, Watchdog
 
 log = logging.getLogger("mtp_gateway.relay")
+access = logging.getLogger("mtp_gateway.access")
 
 Scope = dict[str, Any]
 Receive = Callable[[], Any]
 Send = Callable[[dict[str, Any]], Any]
 
 _KEEPALIVE_COMMENT = b": keep-alive\n\n"
-_EVENT_END = b"\n\n"
+STORED_RESPONSES = 10_000  # response ids remembered for affinity, least recently used forgotten
+RECENT_CHUNKS = 4  # kept for usage and the ending: SGLang's error, usage and [DONE] come apart
 _USAGE = re.compile(rb'"prompt_tokens":\s*(\d+).*?"completion_tokens":\s*(\d+)', re.S)
 _STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 _SSE_CONTENT_TYPE = [(b"content-type", b"text/event-stream; charset=utf-8")]
@@ -76,6 +83,42 @@ class UpstreamStatus(UpstreamError):
         self.status = status
 
 
+class UpstreamRefused(UpstreamError):
+    """A stream whose first event is an error (SGLang's full queue or abort, in a 200).
+
+    Nothing has gone to the client: it may be retried elsewhere. When it cannot be, the
+    client gets the backend's own stream as it is: its error, in its API's shape."""
+
+    kind = "stream_error"
+
+    def __init__(self, status: int, backend: str, detail: str, response: UpstreamResponse,
+                 head: bytes) -> None:
+        super().__init__(f"backend '{backend}' refused the request in its stream "
+                         f"({status}): {detail}")
+        self.status = status
+        self.response = response
+        self.head = head
+
+
+class UpstreamStreamError(UpstreamError):
+    """The backend ended a stream with an error event of its own, after its first byte."""
+
+    kind = "stream_error"
+
+
+def _judged_by_retry(exc: UpstreamError) -> bool:
+    """The backend answered, with an error (a 5xx, or one in its stream's first event): when
+    the other server answers the same request the same way, the request is the cause."""
+    return isinstance(exc, UpstreamStatus | UpstreamRefused)
+
+
+def _as_sent(exc: UpstreamError) -> tuple[UpstreamResponse, bytes]:
+    """A refusal in a stream reaches the client as the backend sent it; the rest is raised."""
+    if isinstance(exc, UpstreamRefused):
+        return exc.response, exc.head
+    raise exc
+
+
 @dataclass
 class Exchange:
     """One request on its way through: the facts, the lease, and what has been sent."""
@@ -89,32 +132,38 @@ class Exchange:
     upstream: UpstreamResponse | None = None
     first_byte_at: float | None = None
     writer: BodyWriter | None = None  # the server's synchronous body writer, when it has one
-    tail: bytes = b""  # an unfinished SSE event held back until its end arrives
+    framer: EventFramer = field(default_factory=EventFramer)  # whole events out, one per attempt
     last_chunks: list[bytes] = field(default_factory=list)
+    refused: bool = False  # the stream relayed is the backend's own refusal (already counted)
+    status: int = 0  # what the client got, for the access log
+    ended: str = "complete"  # how it ended, for the access log
+    tokens: tuple[int, int] | None = None  # prompt and completion tokens, when usage was seen
 
 
 class ProxyEndpoint:
     """The ASGI endpoint for every proxied path. Dependencies are given, never looked up."""
 
     def __init__(self, get_settings: Callable[[], Settings], router: Router, upstream: Upstream,
-                 metrics: GatewayMetrics, breaker: CircuitBreaker,
-                 served_models: Callable[[], set[str]]) -> None:
+                 metrics: GatewayMetrics, breaker: CircuitBreaker) -> None:
         self.get_settings = get_settings
         self.router = router
         self.upstream = upstream
         self.metrics = metrics
         self.breaker = breaker
-        self.served_models = served_models
+        # Response id -> the backend that stored it: SGLang keeps a response (for
+        # previous_response_id, GET and cancel) only on the server that made it.
+        self.stored = SessionMap(STORED_RESPONSES)
         self.background: set[asyncio.Task[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.monotonic()
         settings = self.get_settings()
+        api = api_of(scope["path"])
         try:
             if scope["method"] != "POST":
                 raise _method_not_allowed()
             headers: Headers = scope["headers"]
-            self._check_client_key(headers, settings)
+            self.check_client_key(headers, settings)
             body = await _read_body(receive, settings.limits.max_body_bytes,
                                     settings.timeouts.idle_s)
             inbound = parse_inbound(
@@ -122,32 +171,27 @@ class ProxyEndpoint:
                 session_headers=settings.routing.session_headers,
                 allow_pin=settings.routing.allow_pin_header,
             )
-            self._check_model(inbound)
             if self.router.concurrency >= settings.limits.max_inflight:
                 raise Overloaded("the gateway is at its in-flight limit; retry shortly",
                                  headers={"retry-after": "1"})
-            admitted = self.router.admit(
-                RequestFacts(self.router.sessions.get(inbound.session), inbound.pin), started)
+            holder = self.stored.get(inbound.previous_response_id)
+            facts = RequestFacts(self.router.sessions.get(inbound.session), holder or inbound.pin)
+            admitted = self.router.admit(facts, started)
             if not isinstance(admitted, Lease):
                 raise NoBackend("no healthy backend: both are down or their circuits are open",
                                 headers={"retry-after": "5"})
         except GatewayError as exc:
             self.metrics.rejected.labels(exc.kind if exc.kind != "client" else exc.code).inc()
-            await send_error(send, exc)
+            await send_error(send, exc, api=api)
+            if settings.log.access:
+                log_access(scope["path"], None, None, exc.status, None, started, "rejected", None)
             return
         await self._serve(scope, receive, send, inbound, admitted, started, settings)
 
-    def _check_client_key(self, headers: Headers, settings: Settings) -> None:
+    def check_client_key(self, headers: Headers, settings: Settings) -> None:
         keys = settings.auth.api_keys
         if keys and not _key_matches(bearer_token(headers), keys):
             raise Unauthorized("invalid or missing API key")
-
-    def _check_model(self, inbound: Inbound) -> None:
-        served = self.served_models()
-        if inbound.model and served and inbound.model not in served:
-            exc = BadRequest(f"The model '{inbound.model}' does not exist")
-            exc.status, exc.code = 404, "model_not_found"
-            raise exc
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, inbound: Inbound,
                      lease: Lease, started: float, settings: Settings) -> None:
@@ -177,7 +221,13 @@ class ProxyEndpoint:
                 exchange.upstream.close()
             lease.release()
             self.router.remember_session(inbound.session, lease.backend)
+            if inbound.api == RESPONSES and inbound.rid and exchange.status == 200:
+                self.stored.put(inbound.rid, lease.backend)
             self.metrics.e2e.labels(lease.backend).observe(time.monotonic() - started)
+            if settings.log.access:
+                ttft = None if exchange.first_byte_at is None else exchange.first_byte_at - started
+                log_access(inbound.path, lease.backend, lease.reason, exchange.status, ttft,
+                           started, exchange.ended, exchange.tokens)
 
     async def _run(self, exchange: Exchange, send: Send, settings: Settings) -> None:
         response, first = await self._attempt_with_retry(exchange, send, settings)
@@ -192,7 +242,9 @@ class ProxyEndpoint:
             return
         if not exchange.committed:
             await self._commit(exchange, send, response.status, response.headers, _STREAM_HEADERS)
-        await self._send_chunk(exchange, send, first)
+        exchange.first_byte_at = time.monotonic()  # the first model output, keep-alives aside
+        self.metrics.observe_ttft(exchange.lease.backend, exchange.first_byte_at - exchange.started)
+        await self._send_events(exchange, send, first)
         writer = exchange.writer
         if writer is not None and writer.usable():
             await self._pump_stream(exchange, response, writer)
@@ -209,22 +261,24 @@ class ProxyEndpoint:
             first, fallback = lease.backend, other(lease.backend)
             if exchange.committed or not self.router.health[fallback].accepting:
                 self._count_failure(first, exc)
-                raise
+                exchange.refused = True
+                return _as_sent(exc)
             self.metrics.retries.labels(first, fallback).inc()
             log.warning("retrying on %s after %s from %s", fallback, exc.kind, first)
             lease.move_to(fallback)
-            # A 5xx is judged by the retry: if the other server fails the same request with a
-            # 5xx too, the request is the cause (or both queues are full), not a broken server.
-            # Counted against neither circuit, or a few such requests would open both and
-            # turn every client away with 503s.
+            # An error answer is judged by the retry: if the other server answers the same
+            # request with an error too, the request is the cause (or both queues are full),
+            # not a broken server. Counted against neither circuit, or a few such requests
+            # would open both and turn every client away with 503s.
             first_to_blame = True
             try:
                 return await self._attempt(exchange, send, settings)
-            except UpstreamStatus as again:
-                if isinstance(exc, UpstreamStatus):
-                    first_to_blame = False
-                    self._count_failure(fallback, again, against_circuit=False)
-                raise
+            except UpstreamError as again:
+                request_at_fault = _judged_by_retry(exc) and _judged_by_retry(again)
+                first_to_blame = not request_at_fault
+                self._count_failure(fallback, again, against_circuit=not request_at_fault)
+                exchange.refused = True
+                return _as_sent(again)
             finally:
                 self._count_failure(first, exc, against_circuit=first_to_blame)
 
@@ -255,7 +309,7 @@ class ProxyEndpoint:
             exchange.upstream.close()
             exchange.upstream = None
         target = settings.backends.get(backend)
-        headers = upstream_headers(exchange.client_headers, target.api_key)
+        headers = upstream_headers(exchange.client_headers, target.api_key, inbound.headers)
         self.metrics.requests.labels(backend, exchange.lease.reason).inc()
         self.metrics.overhead.labels(backend).observe(time.monotonic() - exchange.started)
         response = await self.upstream.send("POST", target.url + inbound.path, headers, inbound.body)
@@ -271,25 +325,44 @@ class ProxyEndpoint:
             body = await response.read()
             self.breaker.success(backend)
             return response, body
-        first = await response.next_chunk()
-        if not first:
-            raise UpstreamStatus(502, backend, "stream ended before any data")
-        exchange.watchdog.got_bytes()
-        self.breaker.success(backend)
-        return response, first
+        exchange.framer = EventFramer()
+        return response, await self._first_events(exchange, response)
+
+    async def _first_events(self, exchange: Exchange, response: UpstreamResponse) -> bytes:
+        """Read a stream up to its first event that decides anything: the events before it
+        go out with it. An error there is the backend refusing the request, not yet sent."""
+        api, backend, framer = exchange.inbound.api, exchange.lease.backend, exchange.framer
+        head = b""
+        while True:
+            chunk = await response.next_chunk()
+            if not chunk:
+                raise UpstreamBroken(f"backend '{backend}' ended the stream before its first event")
+            exchange.watchdog.got_bytes()
+            head += framer.feed(chunk)
+            for event in split_events(head):
+                if leads_in(api, event):
+                    continue
+                refusal = event_error(api, event)
+                if refusal is not None:
+                    status, detail = refusal
+                    raise UpstreamRefused(status, backend, detail, response, head)
+                return head
 
     async def _pump_stream(self, exchange: Exchange, response: UpstreamResponse,
                            writer: BodyWriter) -> None:
         """The fast path: each piece the backend sends is framed and written to the client in
         the upstream connection's own callback. This task only waits for the end, writes
         keep-alives, and waits out a slow client (the backend's socket is paused meanwhile)."""
-        watchdog, frame = exchange.watchdog, self._frame
+        watchdog, feed, recent = exchange.watchdog, exchange.framer.feed, exchange.last_chunks
 
         def relay(chunk: bytes) -> None:
             watchdog.got_bytes()
-            framed = frame(exchange, chunk)
-            if framed:
-                writer.write(framed)
+            events = feed(chunk)
+            if events:
+                recent.append(events)
+                if len(recent) > RECENT_CHUNKS:
+                    del recent[0]
+                writer.write(events)
                 if writer.paused:
                     response.pause_reading()
 
@@ -313,7 +386,7 @@ class ProxyEndpoint:
 
     async def _relay_stream(self, exchange: Exchange, send: Send, response: UpstreamResponse) -> None:
         """The same relay by ASGI send, for servers without the body writer."""
-        watchdog, next_chunk = exchange.watchdog, response.next_chunk
+        watchdog, next_chunk, feed = exchange.watchdog, response.next_chunk, exchange.framer.feed
         while True:
             try:
                 watchdog.reading = True
@@ -330,40 +403,32 @@ class ProxyEndpoint:
             if not chunk:
                 return
             watchdog.got_bytes()
-            await self._send_chunk(exchange, send, chunk)
+            await self._send_events(exchange, send, feed(chunk))
 
     async def _end_stream(self, exchange: Exchange, send: Send) -> None:
-        if exchange.tail:
-            raise UpstreamBroken(f"backend '{exchange.lease.backend}' ended the stream "
-                                 "in the middle of an event")
+        backend = exchange.lease.backend
+        if exchange.framer.holding:
+            raise UpstreamBroken(f"backend '{backend}' ended the stream in the middle of an event")
         self._count_usage(exchange)
+        if not exchange.refused:  # a refusal passed on as sent was counted when it came
+            if ends_in_error(exchange.inbound.api, b"".join(exchange.last_chunks)):
+                exchange.ended = "backend_error"
+                self._count_failure(backend, UpstreamStreamError(
+                    f"backend '{backend}' ended the stream with an error"))
+            else:
+                self.breaker.success(backend)  # a whole stream, not its first byte
+        else:
+            exchange.ended = "backend_error"
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self.metrics.responses.labels(exchange.lease.backend, "200").inc()
+        self.metrics.responses.labels(backend, "200").inc()
 
-    async def _send_chunk(self, exchange: Exchange, send: Send, chunk: bytes) -> None:
-        framed = self._frame(exchange, chunk)
-        if framed:
-            await send({"type": "http.response.body", "body": framed, "more_body": True})
-
-    def _frame(self, exchange: Exchange, chunk: bytes) -> bytes:
-        """What of `chunk` can go to the client now: whole SSE events only."""
-        if exchange.first_byte_at is None:  # the first model output, keep-alives aside
-            exchange.first_byte_at = time.monotonic()
-            self.metrics.observe_ttft(exchange.lease.backend,
-                                      exchange.first_byte_at - exchange.started)
-        if exchange.tail:
-            chunk, exchange.tail = exchange.tail + chunk, b""
-        if not chunk.endswith(_EVENT_END):
-            # Hold back a partial event so a later error event never lands inside it.
-            cut = chunk.rfind(_EVENT_END) + 2
-            chunk, exchange.tail = chunk[:cut], chunk[cut:]
-            if not chunk:
-                return chunk
-        last = exchange.last_chunks
-        last.append(chunk)
-        if len(last) > 2:
-            del last[0]
-        return chunk
+    async def _send_events(self, exchange: Exchange, send: Send, events: bytes) -> None:
+        if events:
+            recent = exchange.last_chunks
+            recent.append(events)
+            if len(recent) > RECENT_CHUNKS:
+                del recent[0]
+            await send({"type": "http.response.body", "body": events, "more_body": True})
 
     async def _relay_whole(self, exchange: Exchange, send: Send, response: UpstreamResponse,
                            first: bytes) -> None:
@@ -378,17 +443,20 @@ class ProxyEndpoint:
 
     async def _pass_error(self, exchange: Exchange, send: Send, response: UpstreamResponse,
                           first: bytes) -> None:
-        """The backend's own 4xx answer goes to the client, in OpenAI's error shape."""
+        """The backend's own 4xx answer goes to the client; SGLang's flat OpenAI errors nested
+        under "error" as OpenAI clients expect (its Anthropic and Responses ones already are)."""
         body = openai_shaped(first + await response.read())
         headers = [*response.headers, (b"content-length", str(len(body)).encode())]
         await self._commit(exchange, send, response.status, headers, [])
         await send({"type": "http.response.body", "body": body, "more_body": False})
+        exchange.ended = "client_error"
         self.metrics.responses.labels(exchange.lease.backend, str(response.status)).inc()
 
     async def _commit(self, exchange: Exchange, send: Send, status: int,
                       headers: list[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> None:
         lease = exchange.lease
         exchange.committed = True
+        exchange.status = status
         await send({"type": "http.response.start", "status": status, "headers": [
             *headers, *extra,
             (b"x-gateway-backend", lease.backend.encode()),
@@ -402,6 +470,7 @@ class ProxyEndpoint:
             phase = "mid_stream" if exchange.first_byte_at is not None else "before_first_byte"
             self.metrics.disconnects.labels(backend, phase).inc()
             self.metrics.responses.labels(backend, "499").inc()
+            exchange.ended, exchange.status = CLIENT_GONE, exchange.status or 499
         elif reason == SHUTDOWN:
             await self._failed(exchange, send, ShuttingDown("the gateway is shutting down; retry"))
         else:
@@ -410,18 +479,21 @@ class ProxyEndpoint:
 
     async def _failed(self, exchange: Exchange, send: Send, exc: GatewayError) -> None:
         """End the request with an error: counted against the backend once, upstream aborted."""
-        backend = exchange.lease.backend
+        backend, inbound = exchange.lease.backend, exchange.inbound
         if isinstance(exc, UpstreamError) and not exc.counted:
             self._count_failure(backend, exc)
         self._abort_upstream(exchange)
         self.metrics.responses.labels(backend, str(exc.status)).inc()
+        exchange.ended = exc.kind
         if not exchange.committed:
-            await send_error(send, exc, extra=[(b"x-gateway-backend", backend.encode())])
+            exchange.status = exc.status
+            await send_error(send, exc, extra=[(b"x-gateway-backend", backend.encode())],
+                             api=inbound.api)
             return
-        if exchange.inbound.stream:
-            prefix = b"\n\n" if exchange.tail else b""
-            await send({"type": "http.response.body", "body": prefix + exc.sse_event(),
-                        "more_body": False})
+        if inbound.stream:
+            recent = b"".join(exchange.last_chunks)
+            body = ending(inbound.api, exc, recent, response_id=inbound.rid, model=inbound.model)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -436,29 +508,70 @@ class ProxyEndpoint:
         match = _USAGE.search(b"".join(exchange.last_chunks))
         if match:
             backend = exchange.lease.backend
-            self.metrics.prompt_tokens.labels(backend).inc(int(match.group(1)))
-            self.metrics.completion_tokens.labels(backend).inc(int(match.group(2)))
+            prompt, completion = int(match.group(1)), int(match.group(2))
+            exchange.tokens = (prompt, completion)
+            self.metrics.prompt_tokens.labels(backend).inc(prompt)
+            self.metrics.completion_tokens.labels(backend).inc(completion)
 
     def _abort_upstream(self, exchange: Exchange) -> None:
         """Stop the backend's work now instead of SGLang's own 2 s after the socket closes."""
         if exchange.upstream is not None:
             exchange.upstream.close()
             exchange.upstream = None
-        rid = exchange.inbound.rid
-        if rid is None:
-            return
-        task = asyncio.create_task(self._post_abort(exchange.lease.backend, rid))
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        for rid in exchange.inbound.abort_rids:
+            task = asyncio.create_task(self._post_abort(exchange.lease.backend, rid))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
 
     async def _post_abort(self, backend: BackendName, rid: str) -> None:
         target = self.get_settings().backends.get(backend)
-        headers = [(b"authorization", f"Bearer {target.api_key}".encode())] if target.api_key else []
+        key = target.admin_api_key or target.api_key  # SGLang: the admin key when it has one
+        headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
         try:
-            await self.upstream.post_json(target.url + "/abort_request",
-                                          json.dumps({"rid": rid}).encode(), headers, 5.0)
+            status = await self.upstream.post_json(target.url + "/abort_request",
+                                                   json.dumps({"rid": rid}).encode(), headers, 5.0)
         except GatewayError as exc:
             log.info("abort of %s on %s failed: %s", rid, backend, exc.message)
+            return
+        if status in (401, 403):
+            log.warning("abort of %s on %s refused with HTTP %d: set backends.%s.admin_api_key "
+                        "to the server's --admin-api-key", rid, backend, status, backend)
+
+    async def pass_through(self, method: str, path: str, client_headers: Headers,
+                           order: list[BackendName], *, next_on_404: bool = False
+                           ) -> tuple[int, list[tuple[bytes, bytes]], bytes, BackendName]:
+        """A small request answered by the first backend in `order` that answers (the next
+        one on a connection error or 5xx, and on 404 when asked): status, headers, body."""
+        settings = self.get_settings()
+        failure: GatewayError = NoBackend("no healthy backend: both are down or their "
+                                          "circuits are open", headers={"retry-after": "5"})
+        for index, backend in enumerate(order):
+            target = settings.backends.get(backend)
+            headers = upstream_headers(client_headers, target.api_key)
+            try:
+                async with asyncio.timeout(settings.timeouts.first_byte_s):
+                    response = await self.upstream.send(method, target.url + path, headers,
+                                                        b"" if method == "POST" else None)
+                    try:
+                        body = await response.read()
+                    finally:
+                        response.close()
+            except TimeoutError:
+                failure = UpstreamTimeout(f"backend '{backend}' did not answer {path}",
+                                          kind="timeout_total")
+                continue
+            except UpstreamError as exc:
+                failure = exc
+                continue
+            last = index == len(order) - 1
+            if not last and (response.status >= 500 or (next_on_404 and response.status == 404)):
+                continue
+            if response.status >= 500:
+                failure = UpstreamStatus(response.status, backend,
+                                         body[:500].decode("utf-8", "replace"))
+                break
+            return response.status, response.headers, openai_shaped(body), backend
+        raise failure
 
 
 def _key_matches(given: str | None, keys: tuple[str, ...]) -> bool:
@@ -503,9 +616,20 @@ async def _watch_disconnect(receive: Receive, watchdog: Watchdog) -> None:
             return
 
 
+def log_access(path: str, backend: str | None, reason: str | None, status: int,
+               ttft: float | None, started: float, ended: str,
+               tokens: tuple[int, int] | None) -> None:
+    """One line per request, logfmt: what an operator greps for when a client complains."""
+    access.info(
+        "path=%s backend=%s reason=%s status=%d ttft_ms=%s duration_ms=%.1f prompt_tokens=%s "
+        "completion_tokens=%s ended=%s", path, backend or "-", reason or "-", status,
+        "-" if ttft is None else f"{ttft * 1000:.1f}", (time.monotonic() - started) * 1000,
+        "-" if tokens is None else tokens[0], "-" if tokens is None else tokens[1], ended)
+
+
 async def send_error(send: Send, exc: GatewayError,
-                     extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = exc.to_bytes()
+                     extra: list[tuple[bytes, bytes]] | None = None, api: str = OPENAI) -> None:
+    body = exc.to_bytes(api)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.encode(), v.encode()) for k, v in exc.headers.items()]
     await send({"type": "http.response.start", "status": exc.status, "headers": headers + (extra or [])})

@@ -1,4 +1,5 @@
-"""The gateway's own endpoints: health, metrics, models, admin. Handlers stay thin."""
+"""The gateway's own endpoints (health, metrics, dashboard, admin) and the small GETs it asks
+a backend (models, server_info, stored responses). Handlers stay thin."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from gateway.config import BACKEND_NAMES, ConfigError, build_routing
-from gateway.errors import BadRequest, Forbidden, NoBackend, Unauthorized
+from gateway.config import BACKEND_NAMES, BackendName, ConfigError, build_routing
+from gateway.errors import BadRequest, Forbidden, Unauthorized
 from gateway.inbound import bearer_token, parse_json_object
+from gateway.policy import other
 
 router = APIRouter()
 DASHBOARD_HTML = (Path(__file__).parent / "dashboard.html").read_text(encoding="utf-8")
@@ -97,14 +99,50 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/models")
-async def models(request: Request) -> JSONResponse:
+async def _from_backends(request: Request, path: str, order: list[BackendName] | None = None,
+                         *, next_on_404: bool = False) -> Response:
+    """Answered by a backend, as SGLang answers it, behind the client key like SGLang's
+    --api-key. By default the backend of the current mode first, the other one if it fails."""
     runtime = _runtime(request)
-    if runtime.monitor.model_payload is None:
-        await runtime.monitor.probe_all()
-    if runtime.monitor.model_payload is None:
-        raise NoBackend("no backend has answered /v1/models yet")
-    return JSONResponse(runtime.monitor.model_payload)
+    headers = request.scope["headers"]
+    runtime.proxy.check_client_key(headers, runtime.settings)
+    if order is None:
+        mode = runtime.router.mode
+        order = [mode, other(mode)]
+    status, upstream_headers, body, backend = await runtime.proxy.pass_through(
+        request.method, path, headers, order, next_on_404=next_on_404)
+    return Response(body, status_code=status, headers={
+        **{k.decode("latin-1"): v.decode("latin-1") for k, v in upstream_headers},
+        "x-gateway-backend": backend})
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> Response:
+    return await _from_backends(request, "/v1/models")
+
+
+@router.get("/v1/models/{model:path}")
+async def model(request: Request, model: str) -> Response:
+    return await _from_backends(request, request.url.path)
+
+
+@router.get("/server_info")
+@router.get("/get_server_info")
+async def server_info(request: Request) -> Response:
+    """The MTP server's: its speculative accept length is what SGLang's own tools read
+    (bench_serving uses it to count inter-token latency per token); the plain one when MTP
+    does not answer."""
+    return await _from_backends(request, request.url.path, ["mtp", "plain"])
+
+
+@router.get("/v1/responses/{response_id}")
+@router.post("/v1/responses/{response_id}/cancel")
+async def stored_response(request: Request, response_id: str) -> Response:
+    """A stored response lives on the server that made it: asked there first (both, in turn,
+    when the gateway does not know it, e.g. after a restart)."""
+    holder = _runtime(request).proxy.stored.get(response_id)
+    order: list[BackendName] = ["mtp", "plain"] if holder is None else [holder, other(holder)]
+    return await _from_backends(request, request.url.path, order, next_on_404=True)
 
 
 @router.get("/admin/state")

@@ -24,7 +24,13 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.errors import GatewayError, UpstreamBroken, UpstreamConnectError, UpstreamTimeout
+from gateway.errors import (
+    GatewayError,
+    RelayError,
+    UpstreamBroken,
+    UpstreamConnectError,
+    UpstreamTimeout,
+)
 
 Header = tuple[bytes, bytes]
 Sink = Callable[[bytes], None]
@@ -215,7 +221,8 @@ class UpstreamResponse:
         try:
             sink(data)
         except Exception as exc:  # a bug in the sink: fail this response, not the connection's loop
-            self._fail(UpstreamBroken(f"relaying the stream failed: {exc!r}"))
+            # The gateway's own failure, not the backend's: kept out of its circuit.
+            self._fail(RelayError(f"relaying the stream failed: {exc!r}"))
             self.close()
 
     def _complete(self) -> None:

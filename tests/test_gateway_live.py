@@ -404,9 +404,11 @@ async def test_models_health_and_unknown_model(sim) -> None:
         assert [m["id"] for m in models["data"]] == [CHAT["model"]]
         health = await client.get(gateway.url + "/health")
         assert health.status_code == 200 and set(health.json()["backends"]) == {"mtp", "plain"}
+        # SGLang takes any model name on chat (serving_base.py:40-60 only splits base:adapter):
+        # so does the gateway (it answered 404 model_not_found before).
         unknown = await client.post(gateway.url + "/v1/chat/completions",
                                     json={**chat(), "model": "gpt-5"})
-        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+        assert unknown.status_code == 200, unknown.text
 
 
 @pytest.mark.timeout(30)

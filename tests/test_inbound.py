@@ -32,9 +32,63 @@ def test_client_rid_is_kept() -> None:
 
 
 def test_rid_only_where_sglang_takes_it() -> None:
-    body = b'{"model": "m", "messages": [], "max_tokens": 5}'
+    body = b'{"model": "m", "input": [], "max_tokens": 5}'
+    assert parse(body, path="/v1/embeddings").rid is None
+    assert b"".join(parse(body, path="/v1/embeddings").body) == body
+
+
+def test_messages_get_their_rid_in_sglangs_override_header_not_the_body() -> None:
+    """/v1/messages has no rid field (SGLang ignores one); SGLang reads x-override-rid when
+    launched with SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1, so the abort can name it."""
+    body = b'{"model": "claude-sonnet-4-5", "messages": [], "max_tokens": 5}'
     inbound = parse(body, path="/v1/messages")
-    assert (inbound.rid, b"".join(inbound.body)) == (None, body)
+    assert b"".join(inbound.body) == body
+    assert inbound.abort_rids == (inbound.rid,) and inbound.rid
+    sent = dict(upstream_headers(JSON, None, inbound.headers))
+    assert sent[b"x-override-rid"] == inbound.rid.encode()
+    own = parse(body, headers=[*JSON, (b"x-override-rid", b"mine")], path="/v1/messages")
+    assert own.rid == "mine" and dict(upstream_headers(JSON, None, own.headers))[b"x-override-rid"] == b"mine"
+
+
+def test_responses_get_a_request_id_that_is_also_the_response_id() -> None:
+    """SGLang uses /v1/responses' `request_id` as the rid and as the response's id, which
+    must start with "resp_" to be named as previous_response_id later."""
+    inbound = parse(b'{"input": "hi", "previous_response_id": "resp_1"}', path="/v1/responses")
+    sent = json.loads(b"".join(inbound.body))
+    assert sent["request_id"] == inbound.rid and inbound.rid.startswith("resp_")
+    assert "rid" not in sent and inbound.abort_rids == (inbound.rid,)
+    assert inbound.previous_response_id == "resp_1"
+    own = parse(b'{"input": "hi", "request_id": "resp_mine"}', path="/v1/responses")
+    assert own.rid == "resp_mine" and own.abort_rids == ("resp_mine",)
+
+
+@pytest.mark.parametrize(("path", "body", "suffixes"), [
+    ("/v1/completions", b'{"prompt": "one"}', [""]),
+    ("/v1/completions", b'{"prompt": [1, 2, 3]}', [""]),  # token ids of one prompt
+    ("/v1/completions", b'{"prompt": ["a", "b", "c"]}', ["_0", "_1", "_2"]),
+    ("/v1/completions", b'{"prompt": [[1], [2]]}', ["_0", "_1"]),
+    ("/generate", b'{"text": ["a", "b"]}', ["_0", "_1"]),
+    ("/generate", b'{"input_ids": [[1], [2], [3]]}', ["_0", "_1", "_2"]),
+    ("/generate", b'{"text": "a"}', [""]),
+    ("/v1/chat/completions", b'{"messages": [], "n": 3}', []),
+    ("/v1/completions", b'{"prompt": "one", "n": 2}', []),
+    ("/generate", b'{"text": "a", "sampling_params": {"n": 2}}', []),
+])
+def test_abort_names_every_rid_sglang_gives_the_work(path: str, body: bytes, suffixes) -> None:
+    """A batch runs as rid_0, rid_1, ... (io_struct.py:764) and SGLang's abort needs the exact
+    rid; with n > 1 each sample gets a fresh random rid (tokenizer_manager.py:2174): none can
+    be named, so no abort is sent rather than one that stops nothing."""
+    inbound = parse(body, path=path)
+    assert inbound.abort_rids == tuple(inbound.rid + suffix for suffix in suffixes)
+
+
+@pytest.mark.parametrize(("value", "stream"), [
+    (True, True), (False, False), ("true", True), ("True", True), (1, True), ("1", True),
+    ("yes", True), ("on", True), (0, False), ("false", False), ("off", False), (None, False),
+])
+def test_stream_is_read_as_sglangs_pydantic_reads_it(value, stream: bool) -> None:
+    body = json.dumps({"messages": [], "stream": value}).encode()
+    assert parse(body).stream is stream
 
 
 @pytest.mark.parametrize("empty", [b"{}", b"{ \n\t }", b"{" + b" " * 200 + b"}"])
@@ -56,7 +110,8 @@ def test_fields_far_from_the_start_are_read_and_the_rest_skipped() -> None:
     (b"[1, 2]", "must be a JSON object"),
     (b'{"messages": "hi"}', "'messages' must be an array"),
     (b'{"prompt": "x"}', "missing required field 'messages'"),
-    (b'{"messages": [], "stream": "yes"}', "'stream' must be a boolean"),
+    (b'{"messages": [], "stream": "maybe"}', "'stream' must be a boolean"),
+    (b'{"messages": [], "stream": 2}', "'stream' must be a boolean"),
     (b'{"messages": [], "model": 7}', "'model' must be a string"),
     (b'{"messages": ["\xff\xfe"]}', "not valid UTF-8"),
     (b'{"messages": [], "x": "\xed\xa0\x80"}', "not valid UTF-8"),  # a surrogate, UTF-8-encoded
