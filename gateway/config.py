@@ -58,6 +58,8 @@ class Routing(_Frozen):
     crossover: int = Field(31, ge=1)
     adapt_to_accept_length: bool = True
     reference_accept_length: float = Field(2.0, ge=1.0)
+    adaptive_crossover: bool = False
+    crossover_bounds: tuple[int, int] = (16, 48)
     hysteresis: int = Field(6, ge=0)
     min_dwell_s: float = Field(5.0, ge=0)
     capacity_guard: bool = False
@@ -72,6 +74,9 @@ class Routing(_Frozen):
     def _band_fits(self) -> Routing:
         if self.hysteresis >= self.crossover:
             raise ValueError("hysteresis must be smaller than crossover")
+        low, high = self.crossover_bounds
+        if not self.hysteresis < low <= high:
+            raise ValueError("crossover_bounds must be [low, high] with hysteresis < low <= high")
         return self
 
     @field_validator("session_headers")

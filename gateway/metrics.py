@@ -70,6 +70,7 @@ class RouterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         router = self.router
+        learning = router.learning_state()
         yield _per_backend("gateway_inflight", "Requests in flight per backend.",
                            router.inflight)
         concurrency = GaugeMetricFamily("gateway_concurrency",
@@ -85,10 +86,18 @@ class RouterCollector(Collector):
             ("gateway_crossover", "Crossover concurrency in force (accept-length adapted).",
              router.crossover),
             ("gateway_hysteresis", "Configured hysteresis.", router.routing.hysteresis),
+            ("gateway_learned_crossover", "Crossover learned from relayed streams (absent "
+             "until both servers were seen alone).", learning["crossover"]),
+            ("gateway_recent_accept_length", "MTP tokens per SSE chunk over recent streams.",
+             learning["accept_length"]),
         ):
             gauge = GaugeMetricFamily(name, help_text)
-            gauge.add_metric([], value)
+            if value is not None:
+                gauge.add_metric([], value)
             yield gauge
+        yield _per_backend("gateway_estimated_throughput",
+                           "Tokens/s each backend makes at the crossover in force, learned "
+                           "from relayed streams.", learning["throughput"])
         health = router.health
         yield _per_backend("gateway_backend_up", "1 if the backend passes health checks.",
                            {n: float(h.up) for n, h in health.items()})

@@ -59,6 +59,7 @@ class Snapshot:
     mode_since: float
     backends: Mapping[BackendName, BackendView]
     accept_length: float | None = None  # MTP's speculative accept length, when known
+    learned_crossover: int | None = None  # from the relayed streams (gateway.adaptive)
 
     @property
     def concurrency(self) -> int:
@@ -94,14 +95,19 @@ def other(backend: BackendName) -> BackendName:
     return "plain" if backend == "mtp" else "mtp"
 
 
-def effective_crossover(routing: Routing, accept_length: float | None) -> int:
-    """The crossover for the acceptance MTP gets now.
+def effective_crossover(routing: Routing, accept_length: float | None,
+                        learned: int | None = None) -> int:
+    """The crossover in force: the one learned from the traffic when there is one, else the
+    configured one scaled to the acceptance MTP gets now.
 
     MTP's saturated throughput is proportional to its accept length (tokens per step), while
     plain's does not depend on it; so the load where plain overtakes MTP moves with it, to first
     order proportionally. `crossover` was measured at `reference_accept_length` (the seed's
     repeated-token benchmark accepts every draft: 2.0 with one draft step; ordinary text less).
     """
+    if learned is not None:
+        low, high = routing.crossover_bounds
+        return max(low, min(high, learned))
     if not routing.adapt_to_accept_length or not accept_length or accept_length < 1.0:
         return routing.crossover
     return max(1, round(routing.crossover * accept_length / routing.reference_accept_length))
@@ -110,7 +116,7 @@ def effective_crossover(routing: Routing, accept_length: float | None) -> int:
 def next_mode(snapshot: Snapshot, routing: Routing, now: float) -> tuple[Mode, float]:
     """Apply the hysteresis rule to the current concurrency."""
     level = snapshot.concurrency
-    crossover = effective_crossover(routing, snapshot.accept_length)
+    crossover = effective_crossover(routing, snapshot.accept_length, snapshot.learned_crossover)
     if snapshot.mode == "mtp" and level >= crossover:
         return "plain", now
     if snapshot.mode == "plain" and level <= crossover - routing.hysteresis:
@@ -123,7 +129,7 @@ def _crossover_choice(
     snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode
 ) -> tuple[BackendName, Reason]:
     level = snapshot.concurrency
-    crossover = effective_crossover(routing, snapshot.accept_length)
+    crossover = effective_crossover(routing, snapshot.accept_length, snapshot.learned_crossover)
     in_band = crossover - routing.hysteresis < level < crossover
     if in_band and routing.session_affinity and facts.session_backend is not None:
         return facts.session_backend, "session_affinity"

@@ -70,6 +70,7 @@ def routing_state(runtime: Any, *, with_urls: bool) -> dict[str, Any]:
         "ttft": ttft,
         "mode": r.mode, "mode_for_s": round(time.monotonic() - r.mode_since, 3),
         "concurrency": r.concurrency, "crossover": r.crossover,
+        "learning": r.learning_state(),
         "routing": r.routing.model_dump(mode="json"),
         "backends": backends, "sessions": len(r.sessions),
     }

@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="policies to run (repeatable; default all three)")
     sim.add_argument("--config", help="config file for the routing section (default ./config.yaml)")
     sim.add_argument("--profiles", help="simulator profiles YAML (default: the packaged ones)")
+    sim.add_argument("--accept-drop", metavar="BEFORE:AFTER",
+                     help="MTP accepts each draft with probability BEFORE, then AFTER from half "
+                          "the level on (e.g. 0.9:0.5): does the routing follow?")
     sim.add_argument("--separate-devices", action="store_true",
                      help="give each simulated backend its own GPU (default: one shared device)")
 
@@ -113,13 +116,26 @@ def _run_sim(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, lis
     results = run_virtual_sweep(lambda: make_workload(args.workload, args.seed, args.max_tokens), plans,
                                 routing, profiles, policies=policies,
                                 shared_device=not args.separate_devices, seed=args.seed,
-                                progress=lambda *_: progress.advance())
+                                progress=lambda *_: progress.advance(),
+                                accept_drop=_accept_drop(args.accept_drop))
     progress.finish()
     meta = {"mode": "virtual time (simulator, no HTTP)", "workload": args.workload,
             "method": _method(plans), "routing": routing.model_dump(mode="json"),
             "profiles": args.profiles or "packaged default", "shared_device": not args.separate_devices,
-            "seed": args.seed, "max_tokens": args.max_tokens}
+            "seed": args.seed, "max_tokens": args.max_tokens, "accept_drop": args.accept_drop}
     return results, meta
+
+
+def _accept_drop(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    try:
+        before, after = (float(part) for part in text.split(":"))
+    except ValueError as exc:
+        raise ValueError(f"--accept-drop takes BEFORE:AFTER probabilities, got {text!r}") from exc
+    if not (0 <= before <= 1 and 0 <= after <= 1):
+        raise ValueError("--accept-drop probabilities must be within [0, 1]")
+    return before, after
 
 
 def _run_http(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, list[LevelResult]], dict]:

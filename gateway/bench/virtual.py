@@ -16,6 +16,7 @@ reproducible bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -61,13 +62,26 @@ def _generated_ids(rid: str, job: Job, n: int) -> tuple[int, ...]:
     return tuple(WORD_ID_BASE + rng.randrange(512) for _ in range(n))
 
 
+def _accepting(profile: Profile, p: float) -> Profile:
+    if not profile.speculative:
+        return profile
+    return dataclasses.replace(profile, accept_prob=p, accept_prob_repetitive=p)
+
+
 def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
                       profiles: Mapping[str, Profile], *, shared_device: bool = True,
-                      seed: int = 0) -> tuple[list[RequestRecord], float]:
-    """Run one level; returns every request's record and the level's wall time."""
+                      seed: int = 0, accept_drop: tuple[float, float] | None = None,
+                      ) -> tuple[list[RequestRecord], float]:
+    """Run one level; returns every request's record and the level's wall time.
+
+    ``accept_drop=(before, after)``: MTP accepts each draft with probability ``before`` (every
+    prompt, the seed's repeated token too) until half the level (half its duration, or half
+    its requests started), then ``after``: does the routing follow a change of acceptance?
+    """
+    if accept_drop is not None:
+        profiles = {name: _accepting(profile, accept_drop[0]) for name, profile in profiles.items()}
     sim = VirtualSim(profiles, shared_device=shared_device, seed=seed)
-    router = Router(routing)
-    router.mode_since = 0.0  # virtual clock
+    router = Router(routing, clock=lambda: sim.now)
     for name, profile in profiles.items():
         if name in router.health:
             router.health[name].effective_cap = profile.effective_max_running
@@ -112,7 +126,18 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
 
         for i, job in enumerate(action.jobs):
             counters["started"] += 1
+            maybe_drop_acceptance()
             send(job, lambda outcome, i=i: done(i, outcome))
+
+    def maybe_drop_acceptance() -> None:
+        if accept_drop is None or counters.get("dropped"):
+            return
+        half = (sim.now >= plan.duration_s / 2 if plan.duration_s is not None
+                else counters["started"] > (plan.requests or 0) / 2)
+        if half:
+            counters["dropped"] = 1
+            for engine in sim.engines.values():
+                engine.profile = _accepting(engine.profile, accept_drop[1])
 
     # Live requests by their current rid, in submission order. Fixed-width rids: an abort
     # matches by prefix, as SGLang's does, and "r1" would also abort "r10".
@@ -157,6 +182,8 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
             record.end = t
             if reason != "length":
                 record.error = reason
+            flight.lease.output_tokens = flight.generated
+            flight.lease.output_chunks = len(record.chunk_tokens)
             flight.lease.release()
             router.remember_session(flight.job.session, flight.lease.backend)
             flight.done(Outcome(record.tokens, error=record.error))
@@ -197,6 +224,7 @@ def run_virtual_sweep(workload_factory: Callable[[], Workload], plans: Sequence[
                       routing: Routing, profiles: Mapping[str, Profile], *,
                       policies: Sequence[str] = POLICIES, shared_device: bool = True, seed: int = 0,
                       progress: Callable[[str, int], None] | None = None,
+                      accept_drop: tuple[float, float] | None = None,
                       ) -> dict[str, list[LevelResult]]:
     """Every policy over every level; results by target name (gateway, mtp-only, plain-only)."""
     results: dict[str, list[LevelResult]] = {TARGET_NAMES.get(p, p): [] for p in policies}
@@ -204,7 +232,8 @@ def run_virtual_sweep(workload_factory: Callable[[], Workload], plans: Sequence[
         for policy in policies:
             target = TARGET_NAMES.get(policy, policy)
             records, wall = run_virtual_level(workload_factory(), plan, routing_for(policy, routing),
-                                              profiles, shared_device=shared_device, seed=seed)
+                                              profiles, shared_device=shared_device, seed=seed,
+                                              accept_drop=accept_drop)
             results[target].append(summarise(target, plan.concurrency, records, wall, plan.window))
             if progress:
                 progress(target, plan.concurrency)

@@ -1,0 +1,159 @@
+"""The crossover learned from relayed streams (gateway.adaptive) and the router feeding it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.adaptive import CrossoverEstimator, ThroughputCurve
+from gateway.config import Routing
+from gateway.load import Lease, Router
+from gateway.policy import RequestFacts, effective_crossover
+from gateway.sim.profile import load_profiles
+
+PROFILES = load_profiles()
+
+
+def per_stream_rate(backend: str, running: int, accept_length: float = 2.0) -> float:
+    """Decode tokens per second per stream as the simulator's profile gives it."""
+    profile = PROFILES[backend]
+    tokens_per_step = accept_length if profile.speculative else 1.0
+    return tokens_per_step / profile.decode_step_s(running)
+
+
+def feed(estimator: CrossoverEstimator, backend: str, loads: range, accept_length: float = 2.0,
+         streams: int = 20) -> None:
+    for running in loads:
+        rate = per_stream_rate(backend, running, accept_length)
+        for _ in range(streams):
+            estimator.observe(backend, 500, 500 / rate, running, 0.0, chunks=round(500 / (
+                accept_length if backend == "mtp" else 1.0)))
+
+
+def test_the_curve_interpolates_between_known_loads_and_never_guesses_beyond() -> None:
+    curve = ThroughputCurve()
+    for _ in range(3):
+        curve.add(10, 50.0)
+        curve.add(20, 40.0)
+    assert curve.aggregate(10) == pytest.approx(500.0)
+    assert curve.aggregate(15) == pytest.approx(15 * 45.0)
+    assert curve.aggregate(9) is None and curve.aggregate(21) is None
+
+
+def test_no_estimate_until_both_servers_were_seen() -> None:
+    estimator = CrossoverEstimator()
+    assert estimator.crossover(16, 48, mtp_cap=24) is None
+    feed(estimator, "mtp", range(1, 25))
+    assert estimator.crossover(16, 48, mtp_cap=24) is None
+
+
+def test_the_estimate_finds_where_plain_overtakes_mtp_and_follows_a_drop_in_acceptance() -> None:
+    estimator = CrossoverEstimator()
+    feed(estimator, "mtp", range(1, 25), accept_length=2.0)
+    feed(estimator, "plain", range(16, 65))
+    # MTP at its cap of 24 with every draft accepted: 24 x 2 / 29.85 ms = 1,608 tok/s; plain
+    # makes 31 / 19.375 ms = 1,600 at 31 running and 32 / 19.5 ms = 1,641 at 32.
+    assert estimator.crossover(16, 48, mtp_cap=24) == 32
+    feed(estimator, "mtp", range(1, 25), accept_length=1.5)  # the traffic changed
+    # 24 x 1.5 / 29.85 ms = 1,206 tok/s; plain: 1,171 at 21 running, 1,214 at 22.
+    assert estimator.crossover(16, 48, mtp_cap=24) == 22
+
+
+def test_mtp_ahead_over_the_whole_range_gives_the_upper_bound() -> None:
+    estimator = CrossoverEstimator()
+    feed(estimator, "mtp", range(1, 25), accept_length=4.0)
+    feed(estimator, "plain", range(16, 41))
+    assert estimator.crossover(16, 40, mtp_cap=24) == 40
+
+
+def test_streams_that_shared_the_gpu_are_not_samples() -> None:
+    estimator = CrossoverEstimator()
+    for _ in range(10):
+        estimator.observe("plain", 500, 50.0, running=20, other_running=3.0)
+        estimator.observe("plain", 5, 0.1, running=20, other_running=0.0)  # too short
+    assert estimator.samples == 0 and estimator.plain.aggregate(20) is None
+
+
+def test_accept_length_follows_the_recent_streams() -> None:
+    estimator = CrossoverEstimator()
+    for _ in range(200):
+        estimator.observe("mtp", 400, 10.0, 8, 0.0, chunks=200)  # 2.0 tokens per chunk
+    for _ in range(30):
+        estimator.observe("mtp", 300, 10.0, 8, 0.0, chunks=200)  # 1.5 from now on
+    # The average since start (what SGLang's /server_info reports) would still say 1.93.
+    assert estimator.accept_length == pytest.approx(1.5, abs=0.03)
+
+
+def test_learned_crossover_wins_within_the_bounds() -> None:
+    routing = Routing(crossover=31, crossover_bounds=(16, 40))
+    assert effective_crossover(routing, 1.7, learned=None) == 26
+    assert effective_crossover(routing, 1.7, learned=22) == 22
+    assert effective_crossover(routing, 1.7, learned=60) == 40
+
+
+def test_a_bound_at_or_below_the_hysteresis_is_refused() -> None:
+    with pytest.raises(ValueError, match="crossover_bounds"):
+        Routing(hysteresis=6, crossover_bounds=(6, 40))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_router_samples_a_stream_with_its_mean_load() -> None:
+    clock = Clock()
+    router = Router(Routing(adaptive_crossover=True), clock=clock)
+    leases = [router.admit(RequestFacts()) for _ in range(4)]
+    assert all(isinstance(lease, Lease) for lease in leases)
+    first = leases[0]
+    first.mark_started()
+    clock.now = 10.0
+    for lease in leases[1:3]:  # two others end halfway through its 20 s
+        lease.release()
+    clock.now = 20.0
+    first.output_tokens, first.output_chunks = 1001, 501
+    first.release()
+    assert router.estimator.samples == 1
+    ((running, bucket),) = router.estimator.mtp.buckets.items()
+    assert running == 3  # 4 streams for 10 s, then 2 for 10 s
+    assert bucket.rate == pytest.approx(1000 / 20.0)
+    assert router.estimator.accept.rate == pytest.approx(2.0)
+
+
+def test_a_moved_stream_is_no_sample_of_either_server() -> None:
+    clock = Clock()
+    router = Router(Routing(adaptive_crossover=True), clock=clock)
+    lease = router.admit(RequestFacts())
+    lease.mark_started()
+    clock.now = 5.0
+    lease.move_to("plain")
+    clock.now = 10.0
+    lease.output_tokens = 500
+    lease.release()
+    assert router.estimator.samples == 0
+
+
+def test_the_estimate_is_on_metrics() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.metrics import RouterCollector
+
+    router = Router(Routing(adaptive_crossover=True, crossover_bounds=(16, 48)))
+    router.health["mtp"].effective_cap = 24
+    registry = CollectorRegistry()
+    registry.register(RouterCollector(router))
+    before = generate_latest(registry).decode()
+    assert "\ngateway_learned_crossover " not in before  # nothing learned: no sample, no guess
+    feed(router.estimator, "mtp", range(1, 25), accept_length=1.5)
+    feed(router.estimator, "plain", range(16, 65))
+    text = generate_latest(registry).decode()
+    # Only ever seen at 1.5: MTP is behind from 20 running, below its cap (20 x 1.5 / 26.9 ms
+    # = 1,114 tok/s against plain's 20 / 17.75 ms = 1,127).
+    assert "gateway_learned_crossover 20.0" in text
+    assert "gateway_crossover 20.0" in text  # and it is the one in force
+    assert "gateway_recent_accept_length 1.50" in text
+    assert 'gateway_estimated_throughput{backend="plain"} 1126.7' in text
+    assert 'gateway_estimated_throughput{backend="mtp"} 1114.2' in text
