@@ -55,6 +55,8 @@ from gateway.sim.text import (
 VERSION = "0.5.23"
 HEALTH_MIN_S = 1.0  # SGLang's /health generates one token and polls in 1 s sleeps
 HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
+REQUEST_STATE_WAIT_TIMEOUT_S = 4.0  # environ.py:1679, how often a waiting handler wakes
+FORCE_STREAM_INTERVAL = 50  # environ.py:688, a non-stream request's output every 50 tokens
 OPEN_PATHS = ("/health", "/ready", "/metrics")  # never need the API key, as in SGLang
 ADMIN_OPTIONAL_PATHS = frozenset({"/abort_request"})  # of the routes the simulator has
 T = TypeVar("T")
@@ -203,6 +205,7 @@ class SimApp:
         self.metrics = SimMetrics(live.engine, live.speed)
         self.started = time.time()
         self.apis = self._apis()
+        self._watchers: set[asyncio.Task[None]] = set()
         self.responses_store = ResponsesStore(enable_response_store)
 
     def build(self, api_key: str | None = None, admin_api_key: str | None = None) -> ASGIApp:
@@ -427,8 +430,7 @@ class SimApp:
         try:
             return await self._respond(request, job, stream, queue, started, api)
         except ClientGone:
-            self.live.disconnect(job.rid)
-            return Response(status_code=499)
+            return Response(status_code=499)  # the abort is under way (_client_gone)
 
     def _failure_at_start(self, job: formats.Job) -> Failure | None:
         if job.start_error is not None:  # raised inside generate_request before any output
@@ -462,12 +464,23 @@ class SimApp:
             self.live.disconnect(job.rid)
             return CrashResponse()
         # Like SGLang: wait for the first output before answering, so errors stay HTTP errors.
-        first = await until_or_disconnect(queue.get(), request)
+        try:
+            first = await until_or_disconnect(queue.get(), request)
+        except ClientGone:
+            # A Messages or Responses stream is already a StreamingResponse, cancelled at once;
+            # chat/completions (kick-started) and non-stream handlers notice when they wake.
+            self._client_gone(job.rid, queue, 0, stream, at_once=stream and not api.kick_started)
+            raise
         self.metrics.first_token(time.perf_counter() - started)
         if stream:
             events = self._stream(job, api.renderer(job), first, queue, started)
             return StreamingResponse(events, media_type="text/event-stream")
-        generated, reason = await until_or_disconnect(collect(first, queue), request)
+        progress = [first.tokens]
+        try:
+            generated, reason = await until_or_disconnect(collect(first, queue, progress), request)
+        except ClientGone:
+            self._client_gone(job.rid, queue, progress[0], stream=False)
+            raise
         self._record(job, generated, reason, started)
         body = api.body(job, generated, reason)
         if job.store:
@@ -520,6 +533,35 @@ class SimApp:
             if not finished:
                 self.live.disconnect(job.rid)
                 self._record(job, renderer.generated, "abort", started)
+
+    def _client_gone(self, rid: str, queue: asyncio.Queue[Output], generated: int, stream: bool,
+                     at_once: bool = False) -> None:  # fmt: skip
+        """When SGLang aborts a request whose client left. A running StreamingResponse is
+        cancelled by Starlette's disconnect listener, and the CancelledError reaches
+        generate_request, which aborts at once (tokenizer_manager.py:958, :3850); its 2 s
+        background abort (tokenizer_manager.py:2427) then finds nothing left. A handler still
+        waiting only looks when it wakes (tokenizer_manager.py:1960-1974): on an output (a
+        stream's first; a non-stream request's every 50th token, SGLANG_FORCE_STREAM_INTERVAL)
+        or after 4 s without one (SGLANG_REQUEST_STATE_WAIT_TIMEOUT)."""
+        if at_once:
+            self.live.disconnect(rid)
+            return
+        watcher = asyncio.create_task(self._abort_when_noticed(rid, queue, generated, stream))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+
+    async def _abort_when_noticed(self, rid: str, queue: asyncio.Queue[Output], generated: int,
+                                  stream: bool) -> None:  # fmt: skip
+        timeout = REQUEST_STATE_WAIT_TIMEOUT_S / self.live.speed
+        with contextlib.suppress(TimeoutError):
+            while True:
+                output = await asyncio.wait_for(queue.get(), timeout)
+                if output.finish_reason is not None:
+                    return
+                generated += output.tokens
+                if stream or generated % FORCE_STREAM_INTERVAL == 0:
+                    break
+        self.live.disconnect(rid)
 
     def _store(self, job: formats.Job, renderer: formats.Renderer) -> None:
         final = getattr(renderer, "final", None)
@@ -745,13 +787,14 @@ class _EventBudget:
 # --- helpers --------------------------------------------------------------------------------
 
 
-async def collect(first: Output, queue: asyncio.Queue[Output]) -> tuple[int, str]:
-    """Read a request's outputs to the end: (tokens generated, engine finish reason)."""
-    output, generated = first, first.tokens
+async def collect(first: Output, queue: asyncio.Queue[Output], progress: list[int]) -> tuple[int, str]:
+    """Read a request's outputs to the end: (tokens generated, engine finish reason);
+    ``progress[0]`` counts the tokens as they come."""
+    output = first
     while output.finish_reason is None:
         output = await queue.get()
-        generated += output.tokens
-    return generated, output.finish_reason
+        progress[0] += output.tokens
+    return progress[0], output.finish_reason
 
 
 class ClientGone(Exception):

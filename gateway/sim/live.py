@@ -13,7 +13,6 @@ import contextlib
 
 from gateway.sim.engine import Engine, Output, Request
 from gateway.sim.faults import FaultState
-from gateway.sim.virtual import DISCONNECT_ABORT_DELAY_S
 
 # How far behind its schedule a busy device may be and still catch up (wall seconds).
 CATCH_UP_S = 0.005
@@ -69,13 +68,10 @@ class LiveEngine:
         return aborted
 
     def disconnect(self, rid: str) -> None:
-        """The client went away: abort 2 s later (scaled) and free the slot one step after."""
-        if rid in self._queues:
-            delay = DISCONNECT_ABORT_DELAY_S / self.speed
-            asyncio.get_running_loop().call_later(delay, self._abort_late, rid)
-
-    def _abort_late(self, rid: str) -> None:
-        if self.engine.abort_after_next_step(rid):
+        """SGLang's tokenizer noticed the client is gone and sent the abort (when it notices is
+        the HTTP layer's business, see app.py): a queued request leaves now, a running one is
+        freed at the end of the step in flight (scheduler.py abort_request)."""
+        if rid in self._queues and self.engine.abort_after_next_step(rid):
             self._put(Output(rid, 0, finish_reason="abort"))
 
     async def _run(self) -> None:

@@ -22,29 +22,61 @@ async def running(http: httpx.AsyncClient, url: str, headers: dict | None = None
     return (await http.get(url + "/v1/loads", headers=headers)).json()["loads"][0]["num_running_reqs"]
 
 
-async def test_disconnect_frees_the_slot_two_scaled_seconds_later():
-    speed = 10
-    async with start_sim_pair(SimOptions(speed=speed)) as pair, httpx.AsyncClient() as http:
+async def test_a_stream_whose_client_leaves_is_aborted_at_once():
+    """The disconnect cancels the StreamingResponse and generate_request aborts on the
+    CancelledError: the slot frees after the step in flight, not 2 s later (real time here)."""
+    async with start_sim_pair(SimOptions(speed=1)) as pair, httpx.AsyncClient() as http:
         url = pair.urls["plain"]
         async with http.stream("POST", url + "/v1/completions", json=LONG) as response:
-            await anext(response.aiter_bytes())
+            chunks = response.aiter_bytes()  # held: a collected iterator closes the stream
+            await anext(chunks)
             assert await running(http, url) == 1
-        gone = time.perf_counter()
-        assert await running(http, url) == 1  # SGLang waits 2 s before aborting
+        await wait_until(lambda: _freed(http, url), timeout=1.0)  # one decode step is ~15 ms
+
+
+async def test_a_waiting_handler_notices_a_gone_client_when_it_wakes():
+    """Queued behind a running request: a non-stream or a kick-started chat stream notices the
+    disconnect at its 4 s wake-up; a Messages stream (already streaming) at once."""
+    speed = 4
+    plain = dataclasses.replace(load_profiles()["plain"], max_running_requests=1)
+    options = SimOptions(speed=speed, profiles={**load_profiles(), "plain": plain})
+    messages = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with start_sim_pair(options) as pair, httpx.AsyncClient() as http:
+        url = pair.urls["plain"]
+        async with http.stream("POST", url + "/v1/completions", json=LONG) as holder:
+            held = holder.aiter_bytes()  # held: a collected iterator closes the stream
+            await anext(held)
+            for path, body in (("/v1/messages", messages), ("/v1/chat/completions", SHORT),
+                               ("/v1/completions", {**LONG, "stream": False})):  # fmt: skip
+                with pytest.raises(httpx.ReadTimeout):
+                    await http.post(url + path, json=body, timeout=0.05)
+                gone = time.perf_counter()
+                await wait_until(lambda: _waiting_is(http, url, 0), timeout=8.0 / speed)
+                took = time.perf_counter() - gone
+                if path == "/v1/messages":
+                    assert took < 4.0 / speed
+                else:
+                    assert took >= 4.0 / speed - 0.05  # the client's own timeout counts too
+
+
+async def _waiting_is(http: httpx.AsyncClient, url: str, count: int) -> bool:
+    return (await http.get(url + "/v1/loads")).json()["loads"][0]["num_waiting_reqs"] == count
+
+
+async def test_a_running_non_stream_request_is_aborted_at_its_next_50th_token():
+    async with start_sim_pair(SimOptions(speed=5)) as pair, httpx.AsyncClient() as http:
+        url, engine = pair.urls["plain"], pair.servers["plain"].live.engine
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post(url + "/v1/completions", json={**LONG, "stream": False}, timeout=0.2)
         await wait_until(lambda: _freed(http, url))
-        assert time.perf_counter() - gone >= 2.0 / speed
+    # SGLang looks at the connection when an output comes (every 50 tokens for a non-stream
+    # request); the abort frees the slot after the step in flight and the next (a token each).
+    assert engine.stats.generated_tokens >= 50
+    assert engine.stats.generated_tokens % 50 in (1, 2, 3)
 
 
 async def _freed(http: httpx.AsyncClient, url: str, headers: dict | None = None) -> bool:
     return await running(http, url, headers) == 0
-
-
-async def test_a_non_stream_client_that_gives_up_frees_its_slot_too(pair):
-    url = pair.urls["plain"]
-    async with httpx.AsyncClient() as http:
-        with pytest.raises(httpx.ReadTimeout):
-            await http.post(url + "/v1/completions", json={**LONG, "stream": False}, timeout=0.2)
-        await wait_until(lambda: _freed(http, url))
 
 
 async def test_abort_request_frees_at_once_and_ends_the_stream(pair):
@@ -70,7 +102,8 @@ async def test_abort_request_needs_the_admin_key_when_one_is_set():
         url = pair.urls["plain"]
         user, admin = ({"Authorization": f"Bearer {key}"} for key in ("user", "admin"))
         async with http.stream("POST", url + "/v1/completions", json={**LONG, "rid": "r1"}, headers=user) as r:
-            await anext(r.aiter_lines())
+            lines = r.aiter_lines()
+            await anext(lines)
             refused = await http.post(url + "/abort_request", json={"rid": "r1"}, headers=user)
             assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"})
             assert (await http.get(url + "/v1/models", headers=admin)).status_code == 401

@@ -93,7 +93,8 @@ async def test_messages_take_no_rid(pair):
     body = {**MESSAGES, "max_tokens": 100_000, "stream": True, "rid": "mine"}
     async with httpx.AsyncClient() as http:
         async with http.stream("POST", pair.urls["plain"] + "/v1/messages", json=body) as response:
-            await anext(response.aiter_lines())
+            lines = response.aiter_lines()
+            await anext(lines)
             assert "mine" not in server.live.engine
             await http.post(pair.urls["plain"] + "/abort_request", json={"rid": "mine"})
             assert server.live.engine.num_running == 1
@@ -105,7 +106,8 @@ async def test_responses_request_id_is_the_rid_and_the_id(pair):
             "request_id": "resp_mine", "ignore_eos": True}  # fmt: skip
     async with httpx.AsyncClient() as http:
         async with http.stream("POST", pair.urls["mtp"] + "/v1/responses", json=body) as response:
-            first = await anext(response.aiter_lines())
+            lines = response.aiter_lines()
+            first = await anext(lines)
             assert "resp_mine" in server.live.engine
             await http.post(pair.urls["mtp"] + "/abort_request", json={"rid": "resp_mine"})
             await wait_until(lambda: server.live.engine.num_running == 0)
@@ -160,3 +162,55 @@ async def test_count_tokens_matches_the_input_tokens_of_the_answer(pair):
     counted = await claude.messages.count_tokens(**body)
     answer = await claude.messages.create(**body, max_tokens=20)
     assert counted.input_tokens == answer.usage.input_tokens > 0
+
+
+TOOLS = [{"name": "read_file", "description": "Read a file", "input_schema": {"type": "object"}}]
+
+
+async def test_an_agent_runs_its_tool_loop_on_messages(pair):
+    """tool_use when the user spoke last (auto) or a tool is forced; a text answer once the
+    tool result is in; stream and non-stream agree."""
+    claude = anthropic.AsyncAnthropic(base_url=pair.urls["mtp"], api_key="x", max_retries=0)
+    turn = [{"role": "user", "content": "what is in setup.py?"}]
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 400, "tools": TOOLS}
+    first = await claude.messages.create(**body, messages=turn)
+    assert first.stop_reason == "tool_use"
+    call = first.content[-1]
+    assert call.type == "tool_use" and call.name == "read_file" and isinstance(call.input, dict)
+    assert call.id.startswith("call_")
+    async with claude.messages.stream(**body, messages=turn, tool_choice={"type": "any"}) as stream:
+        streamed = await stream.get_final_message()
+    assert streamed.stop_reason == "tool_use" and streamed.content[-1].input == call.input
+    assert streamed.content[-1].id != call.id
+    turn += [{"role": "assistant", "content": [c.model_dump() for c in first.content]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "x=1"}]}]
+    answer = await claude.messages.create(**body, messages=turn)
+    assert answer.stop_reason == "end_turn" and [c.type for c in answer.content] == ["text"]
+    none = await claude.messages.create(**body, messages=turn[:1], tool_choice={"type": "none"})
+    assert none.content[0].type == "text"
+
+
+async def test_messages_thinking_blocks_and_stream_shape(pair):
+    """message_start waits for the first content and carries the prompt tokens; a thinking
+    block, then a text block, each opened and closed; message_delta has no stop_sequence."""
+    body = {**MESSAGES, "max_tokens": 400, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    async with httpx.AsyncClient() as http:
+        raw = (await http.post(pair.urls["plain"] + "/v1/messages", json={**body, "stream": True})).text
+    events = [(block.split("\n")[0][7:], json.loads(block.split("\n")[1][6:])) for block in raw.split("\n\n")[:-1]]
+    names = [name for name, _ in events]
+    assert all(name == data["type"] for name, data in events)
+    assert names[:3] == ["message_start", "content_block_start", "content_block_delta"]
+    start = events[0][1]["message"]
+    assert start["content"] == [] and "stop_reason" not in start
+    assert start["usage"]["input_tokens"] > 0 and start["usage"]["output_tokens"] == 0
+    blocks = [data["content_block"]["type"] for name, data in events if name == "content_block_start"]
+    assert blocks == ["thinking", "text"]
+    assert names.count("content_block_stop") == 2
+    assert names[-2:] == ["message_delta", "message_stop"]
+    assert events[-2][1]["delta"] == {"stop_reason": "end_turn"}
+    claude = anthropic.AsyncAnthropic(base_url=pair.urls["plain"], api_key="x", max_retries=0)
+    whole = await claude.messages.create(**body)
+    assert [c.type for c in whole.content] == ["thinking", "text"]
+    thinking = "".join(d["delta"]["thinking"] for n, d in events if d.get("delta", {}).get("type") == "thinking_delta")
+    assert thinking == whole.content[0].thinking
+    assert events[-2][1]["usage"] == {"output_tokens": whole.usage.output_tokens}
