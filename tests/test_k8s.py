@@ -45,8 +45,11 @@ from tests.test_minimal_backend import MinimalOpenAI
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
-OVERLAYS = ["pair", "pools"]
-KUBERNETES = "1.33"  # native sidecars (GA 1.33) and the PDB's unhealthyPodEvictionPolicy (1.31)
+# The oldest Kubernetes each overlay needs: native sidecars are GA in 1.33 (the PDB's
+# unhealthyPodEvictionPolicy in 1.31); DRA's resource.k8s.io/v1 in 1.34.
+KUBERNETES = {"pair": "1.33", "pools": "1.33", "pair-dra": "1.34"}
+OVERLAYS = list(KUBERNETES)
+NAMESPACE = "mtp-gateway"
 ABORT_WAIT_S = 2.0  # gateway/app.py lifespan: how long the shutdown waits for aborts in flight
 
 
@@ -67,8 +70,13 @@ def render(overlay: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module", params=OVERLAYS)
-def docs(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    return render(request.param)
+def overlay(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def docs(overlay: str) -> list[dict[str, Any]]:
+    return render(overlay)
 
 
 @pytest.fixture(scope="module")
@@ -162,25 +170,33 @@ SERVICE_MONITOR = {
 }
 
 
-def validate(doc: dict[str, Any]) -> None:
+def validate(doc: dict[str, Any], kubernetes: str = KUBERNETES["pair"]) -> None:
     if doc["apiVersion"].startswith("monitoring.coreos.com/"):
         jsonschema.validate(doc, SERVICE_MONITOR)
         for endpoint in doc["spec"]["endpoints"]:
             assert _duration_s(endpoint["scrapeTimeout"]) <= _duration_s(endpoint["interval"])
     else:
-        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+        kubernetes_validate.validate(doc, kubernetes, strict=True)
 
 
-def test_every_document_validates_against_the_kubernetes_schemas(docs) -> None:
+def test_every_document_validates_against_the_kubernetes_schemas(overlay, docs) -> None:
     kinds = {d["kind"] for d in docs}
     assert {"Namespace", "Deployment", "Service", "PodDisruptionBudget", "ConfigMap",
             "ServiceMonitor", "StatefulSet"} <= kinds
     for doc in docs:
         try:
-            validate(doc)
+            validate(doc, KUBERNETES[overlay])
         except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as exc:
             pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at "
                         f"{'/'.join(map(str, exc.absolute_path))}")
+
+
+def test_everything_lands_in_one_namespace(docs) -> None:
+    """A name reference (ConfigMap, claim template, Role) only resolves inside its namespace."""
+    assert find(docs, "Namespace", NAMESPACE)
+    stray = [f"{d['kind']}/{d['metadata']['name']}" for d in docs
+             if d["kind"] != "Namespace" and d["metadata"].get("namespace") != NAMESPACE]
+    assert not stray
 
 
 @pytest.mark.parametrize("kind, name, break_it", [
@@ -324,18 +340,18 @@ def test_gateway_backends_reach_the_pool_routers(pools, tmp_path, monkeypatch) -
         pod = router["spec"]["template"]["spec"]
         (c,) = pod["containers"]
         assert c["command"] == ["python3", "-m", "sglang_router.launch_router"]
-        args = parse_router_args(expand(c["args"], {"POD_NAMESPACE": "mtp-gateway"}))
+        args = parse_router_args(expand(c["args"], {"POD_NAMESPACE": NAMESPACE}))
         assert port_number(c, port["targetPort"]) == args.port
         assert c["readinessProbe"]["httpGet"]["path"] == "/readiness"
         # The router watches the pair pods and sends to this role's server in each.
         server = container(pair["spec"]["template"]["spec"], SGLANG_SERVICES[role])
         assert args.service_discovery and args.selector == pair_labels
         assert args.service_discovery_port == int(_flags(server["args"])["--port"])
-        assert args.service_discovery_namespace == "mtp-gateway"
+        assert args.service_discovery_namespace == NAMESPACE
         assert args.policy == "cache_aware"
         (binding,) = [b for b in of_kind(pools, "RoleBinding")
                       if {"kind": "ServiceAccount", "name": pod["serviceAccountName"],
-                          "namespace": "mtp-gateway"} in b["subjects"]]
+                          "namespace": NAMESPACE} in b["subjects"]]
         role_rules = find(pools, "Role", binding["roleRef"]["name"])["rules"]
         assert any("pods" in r["resources"] and {"list", "watch"} <= set(r["verbs"])
                    for r in role_rules)
@@ -369,10 +385,22 @@ def test_sglang_pair_shares_gpus_and_starts_mtp_first(docs, compose) -> None:
     pod = pair_pod(docs)
     mtp, plain = (container(pod, SGLANG_SERVICES[r]) for r in ("mtp", "plain"))
     tp = int(_flags(expand(mtp["args"], container_env(docs, mtp)))["--tp-size"])
-    # The GPUs are requested once, all of them (= TP), and seen by both servers.
-    assert int(mtp["resources"]["limits"]["nvidia.com/gpu"]) == tp
-    assert "nvidia.com/gpu" not in plain.get("resources", {}).get("limits", {})
-    assert container_env(docs, plain)["NVIDIA_VISIBLE_DEVICES"] == "all"
+    claims = pod.get("resourceClaims")
+    if claims:  # DRA: one claim of TP GPUs, claimed by both servers
+        (claim,) = claims
+        template = find(docs, "ResourceClaimTemplate", claim["resourceClaimTemplateName"])
+        (request,) = template["spec"]["spec"]["devices"]["requests"]
+        assert request["exactly"]["deviceClassName"] == "gpu.nvidia.com"
+        assert request["exactly"]["allocationMode"] == "ExactCount"
+        assert request["exactly"]["count"] == tp
+        for server in (mtp, plain):
+            assert server["resources"]["claims"] == [{"name": claim["name"]}]
+            assert "nvidia.com/gpu" not in server["resources"].get("limits", {})
+            assert "NVIDIA_VISIBLE_DEVICES" not in container_env(docs, server)
+    else:  # device plugin: requested once (= TP, the whole node), seen by both servers
+        assert int(mtp["resources"]["limits"]["nvidia.com/gpu"]) == tp
+        assert "nvidia.com/gpu" not in plain.get("resources", {}).get("limits", {})
+        assert container_env(docs, plain)["NVIDIA_VISIBLE_DEVICES"] == "all"
     # Start order: the MTP server is a sidecar whose startup probe (/ready: allocated and warmed
     # up) gates the start of the pod's containers, the plain server among them.
     assert mtp in pod["initContainers"] and mtp["restartPolicy"] == "Always"
