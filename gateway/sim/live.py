@@ -13,6 +13,7 @@ import contextlib
 
 from gateway.sim.engine import Engine, Output, Request
 from gateway.sim.faults import FaultState
+from gateway.speed import SPEED_MEANING
 
 # How far behind its schedule a busy device may be and still catch up (wall seconds).
 CATCH_UP_S = 0.005
@@ -32,6 +33,8 @@ class LiveEngine:
     def __init__(
         self, engine: Engine, device: Device, speed: float, faults: FaultState
     ) -> None:
+        if not 0 < speed < float("inf"):
+            raise ValueError(f"speed must be a positive number ({SPEED_MEANING}), not {speed}")
         self.engine = engine
         self.speed = speed  # simulated seconds per real second
         self._device = device

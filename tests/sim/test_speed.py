@@ -10,8 +10,10 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from gateway.sim.profile import load_profiles
+from gateway.sim.server import SimOptions, start_sim_pair
 
 TOKENS = 2000
 
@@ -44,3 +46,10 @@ async def test_sim_at_speed_20_generates_over_10x_the_modelled_token_rate():
     # Before the fix this command did not start (no --speed); `--time-scale 20` would take
     # 18.5 s x 20 = 370 s.
     assert tokens / wall_s >= 10 * tokens / modelled_s, f"{wall_s:.2f} s for {modelled_s:.1f} modelled s"
+
+
+@pytest.mark.parametrize("speed", [0, -1, float("inf")])
+async def test_python_api_refuses_a_speed_that_is_not_positive(speed):
+    with pytest.raises(ValueError, match="simulated seconds per real second"):
+        async with start_sim_pair(SimOptions(speed=speed)):
+            pass
