@@ -14,11 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gateway.bench import report
 from gateway.bench.levels import DEFAULT_LEVELS, LevelPlan, parse_levels, plan_levels
 from gateway.bench.progress import Progress
 from gateway.bench.stats import LevelResult
 from gateway.bench.workloads import WORKLOADS, make_workload
+from gateway.config import ConfigError, Routing, build_routing
 from gateway.speed import add_speed_argument
 
 SIM_DURATION_S = 150.0
@@ -42,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--requests-per-level", type=int, metavar="N",
                       help="makespan method: N requests per level (default over HTTP: 3 per client)")
+    size.add_argument("--makespan", action="store_true",
+                      help="makespan method, the seed's: all clients start together, 3 requests each")
     size.add_argument("--duration", type=float, metavar="S",
                       help=f"steady method: keep the level busy S seconds (--sim default {SIM_DURATION_S:g})")
     parser.add_argument("--warmup", type=float, metavar="S", default=None,
@@ -59,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="policies to run (repeatable; default all three)")
     sim.add_argument("--config", help="config file for the routing section (default ./config.yaml)")
     sim.add_argument("--profiles", help="simulator profiles YAML (default: the packaged ones)")
+    sim.add_argument("--routing", action="append", metavar="KEY=VALUE", default=[],
+                     help="override one key of the config's routing section (repeatable), "
+                          "e.g. --routing handoff_running=true")
     sim.add_argument("--accept-drop", metavar="BEFORE:AFTER",
                      help="MTP accepts each draft with probability BEFORE, then AFTER from half "
                           "the level on (e.g. 0.9:0.5): does the routing follow?")
@@ -87,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _plans(args: argparse.Namespace, levels: list[int], sim: bool) -> list[LevelPlan]:
     duration = args.duration
-    if sim and duration is None and args.requests_per_level is None:
+    if sim and duration is None and args.requests_per_level is None and not args.makespan:
         duration = SIM_DURATION_S
     warmup = args.warmup if args.warmup is not None else (SIM_WARMUP_S if sim and duration else 0.0)
     return plan_levels(levels, args.requests_per_level, duration, warmup if duration else 0.0)
@@ -107,7 +115,7 @@ def _run_sim(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, lis
     from gateway.sim.profile import load_profiles
 
     config = args.config or ("config.yaml" if Path("config.yaml").exists() else None)
-    routing = load_settings(config).routing
+    routing = _routing_with(load_settings(config).routing, args.routing)
     profiles = load_profiles(args.profiles)
     plans = _plans(args, levels, sim=True)
     policies = args.policy or list(POLICIES)
@@ -124,6 +132,19 @@ def _run_sim(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, lis
             "profiles": args.profiles or "packaged default", "shared_device": not args.separate_devices,
             "seed": args.seed, "max_tokens": args.max_tokens, "accept_drop": args.accept_drop}
     return results, meta
+
+
+def _routing_with(routing: Routing, overrides: list[str]) -> Routing:
+    data = routing.model_dump()
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or key not in data:
+            raise ValueError(f"--routing takes KEY=VALUE with a key of the routing section, got {item!r}")
+        data[key] = yaml.safe_load(value)
+    try:
+        return build_routing(data)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from exc
 
 
 def _accept_drop(text: str | None) -> tuple[float, float] | None:
