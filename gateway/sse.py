@@ -65,6 +65,13 @@ class EventFramer:
         self._hold(chunk[cut:])
         return events
 
+    def flush(self) -> bytes:
+        """The end of the stream: whatever is held, unfinished, and nothing held any more."""
+        rest = b"".join(self._held)
+        self._held.clear()
+        self._edge = b""
+        return rest
+
     def _hold(self, rest: bytes) -> None:
         if rest:
             self._held.append(rest)

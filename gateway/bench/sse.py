@@ -2,7 +2,8 @@
 
 Bytes go in as they arrive (``feed``), complete events come out. A chunk may end anywhere: in
 the middle of a field name, of a multi-byte UTF-8 character, or between the ``\\r`` and ``\\n``
-of a CRLF. Lines end with CRLF, LF or CR (the SSE spec); lines are decoded only once complete,
+of a CRLF. Whole events are cut by the gateway's own framer (gateway/sse.py, the relay's);
+within them lines end with CRLF, LF or CR (the SSE spec); lines are decoded only once complete,
 so a split character is never mangled. Comment lines (``: keep-alive``) are skipped; several
 ``data:`` lines join with ``\\n``. ``close()`` flushes the end of the stream, dispatching a last
 event even when the server forgot the blank line after it (lenient where the spec discards).
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from gateway.sse import EventFramer
 
 _EOL = re.compile(rb"[\r\n]")
 
@@ -24,12 +27,16 @@ class SSEEvent:
 
 class SSEParser:
     def __init__(self) -> None:
+        self._framer = EventFramer()
         self._buf = bytearray()
         self._data: list[str] = []
         self._event: str | None = None
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        self._buf += chunk
+        return self._lines(self._framer.feed(chunk))
+
+    def _lines(self, data: bytes) -> list[SSEEvent]:
+        self._buf += data
         events: list[SSEEvent] = []
         pos = 0
         while True:
@@ -49,7 +56,7 @@ class SSEParser:
         return events
 
     def close(self) -> list[SSEEvent]:
-        events: list[SSEEvent] = []
+        events = self._lines(self._framer.flush())
         if self._buf:
             rest = bytes(self._buf).rstrip(b"\r")
             self._buf.clear()
