@@ -54,7 +54,7 @@ class _Flight:
     generated: int = 0
 
 
-def _generated_ids(rid: str, job: Job, n: int) -> tuple[int, ...]:
+def generated_ids(rid: str, job: Job, n: int) -> tuple[int, ...]:
     """Stand-in token ids for the text generated so far (a greedy repeated prompt repeats)."""
     if job.greedy and job.prompt_ids:
         return job.prompt_ids[-1:] * n
@@ -209,7 +209,7 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
         flight.lease.move_to("plain")
         flight.record.backend = "plain"
         job = flight.job
-        prompt = (job.prompt_ids or (0,)) + _generated_ids(old_rid, job, flight.generated)
+        prompt = (job.prompt_ids or (0,)) + generated_ids(old_rid, job, flight.generated)
         submit(flight, Request(f"r{next(rids):09d}", prompt, job.max_tokens - flight.generated,
                                greedy=job.greedy))
 

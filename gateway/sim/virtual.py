@@ -15,7 +15,9 @@ A C=128 seed sweep takes seconds of CPU. A benchmark drives it with its own rout
 Callbacks run inside the simulation at ``sim.now`` and may submit, abort or schedule more.
 ``sim.engines[name]`` exposes ``num_running`` / ``num_waiting`` / ``stats`` per backend.
 With ``shared_device`` the backends' steps serialize on one simulated GPU (FIFO, so two busy
-backends alternate); without it each has its own device.
+backends alternate); without it each has its own device. ``devices`` (backend -> device name)
+says it per backend: backends naming the same device share it (a fleet of pairs, each pair on
+its own GPUs).
 """
 
 from __future__ import annotations
@@ -58,15 +60,18 @@ class VirtualSim:
     """Backends on a virtual clock. See the module docstring for the API."""
 
     def __init__(
-        self, profiles: Mapping[str, Profile], shared_device: bool = True, seed: int = 0
+        self, profiles: Mapping[str, Profile], shared_device: bool = True, seed: int = 0,
+        devices: Mapping[str, str] | None = None,
     ) -> None:
         self.now = 0.0
         self.engines = {
             name: Engine(profile, random.Random(f"{seed}:{name}"))
             for name, profile in profiles.items()
         }
-        shared = _Device()
-        self._devices = {name: shared if shared_device else _Device() for name in self.engines}
+        if devices is None:
+            devices = {name: "shared" if shared_device else name for name in self.engines}
+        by_name = {device: _Device() for device in set(devices.values())}
+        self._devices = {name: by_name[devices[name]] for name in self.engines}
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
         self._callbacks: dict[tuple[str, str], _Callbacks] = {}

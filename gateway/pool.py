@@ -1,0 +1,302 @@
+"""The pool: every pair's backends, each pair's mode, sessions; and the lease of one request.
+
+`Pool.admit()` decides and counts in one synchronous step (no await between), so two concurrent
+requests always see each other. A decision is two pure functions over the pool's state: which
+pair (`gateway.pairs.choose_pair`), then MTP or plain by that pair's own load, mode and
+routing section (`gateway.policy.decide`). A retry is the same decision again with the failed
+servers excluded.
+
+The returned `Lease` ends exactly once, in `Lease.end(outcome)`, whatever path the request
+ends by; that is the one place where the in-flight count is released and where failure,
+circuit and blame are decided:
+
+    SUCCESS          the backend answered (a 4xx included: it is up and judged the request);
+                     closes its circuit
+    BACKEND_FAILURE  the backend failed the request (connect error, 5xx, timeout, a stream
+                     broken before or after its first byte): a failure against its circuit
+    CLIENT_GONE      no verdict on anyone; a half-open trial lets the next request try
+    GATEWAY_ERROR    the gateway's own fault (its client writer, a bug): no verdict either
+
+A 5xx that another server also gives the same request is the request's fault (or every queue
+is full), so it counts against no circuit: else a few bad requests would open every circuit.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from gateway.backends import ROLES, BackendState, CircuitRules, ProbeRules, Role
+from gateway.config import Routing
+from gateway.load import SessionMap  # session -> name of the backend of its last turn
+from gateway.pairs import PairChoice, PairView, choose_pair
+from gateway.policy import (
+    BackendView,
+    Decision,
+    Mode,
+    Moves,
+    RequestFacts,
+    Snapshot,
+    decide,
+    effective_crossover,
+    plan_moves,
+)
+
+DEFAULT_CIRCUIT, DEFAULT_PROBE = CircuitRules(), ProbeRules()
+
+
+class Outcome(enum.Enum):
+    SUCCESS = "success"
+    BACKEND_FAILURE = "backend_failure"
+    CLIENT_GONE = "client_gone"
+    GATEWAY_ERROR = "gateway_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    kind: str  # a bounded label: connect, status_5xx, first_byte_timeout, broken, ...
+    status_5xx: bool = False  # the backend answered with a 5xx status
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One failed attempt of a request, as judged at its end."""
+
+    backend: BackendState
+    failure: Failure
+    blamed: bool  # counted against the backend's circuit
+    opened: bool  # ... and that opened it
+
+
+def blame(failures: Sequence[Failure]) -> list[bool]:
+    """Which failures of one request count against their backend's circuit: all, except a 5xx
+    that another server also answered to the same request."""
+    fives = sum(f.status_5xx for f in failures)
+    return [not (f.status_5xx and fives > 1) for f in failures]
+
+
+@dataclass(frozen=True, slots=True)
+class PairSpec:
+    name: str
+    mtp_url: str
+    plain_url: str
+    routing: Routing
+    mtp_api_key: str | None = None
+    plain_api_key: str | None = None
+
+
+@dataclass(eq=False)
+class PairState:
+    """One pair's two backends, and its own mode (its own GPUs, its own crossover)."""
+
+    name: str
+    routing: Routing
+    backends: dict[Role, BackendState]
+    mode: Mode = "mtp"
+    mode_since: float = 0.0
+    flipped_to_plain: bool = False  # since the last Pool.take_moves()
+
+    @property
+    def crossover(self) -> int:
+        return effective_crossover(self.routing, self.backends["mtp"].accept_length)
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What the pool needs to know about a request to place it."""
+
+    session: str | None = None
+    pin: Role | None = None  # client pin, already checked against allow_pin_header
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    backend: BackendState | None  # None: nowhere to go
+    decision: Decision
+    pair_choice: PairChoice
+
+
+@dataclass(eq=False)
+class Attempt:
+    backend: BackendState
+    trial: bool  # the half-open circuit's one trial: held until the lease's end judges it
+    failure: Failure | None = None
+
+
+class Pool:
+    def __init__(self, pairs: Sequence[PairSpec], *, now: float,
+                 circuit: CircuitRules = DEFAULT_CIRCUIT, probe: ProbeRules = DEFAULT_PROBE,
+                 use_backend_loads: bool = False, loads_max_age_s: float = 3.0,
+                 affinity_slack: int = 8, max_sessions: int = 10000) -> None:
+        if not pairs or len({p.name for p in pairs}) != len(pairs):
+            raise ValueError("a pool needs pairs with distinct names")
+        single = len(pairs) == 1
+        self.pairs: dict[str, PairState] = {}
+        self.backends: dict[str, BackendState] = {}
+        for spec in pairs:
+            urls = {"mtp": (spec.mtp_url, spec.mtp_api_key),
+                    "plain": (spec.plain_url, spec.plain_api_key)}
+            members: dict[Role, BackendState] = {}
+            for role in ROLES:
+                url, key = urls[role]
+                name = role if single else f"{spec.name}/{role}"  # one pair: today's names
+                members[role] = self.backends[name] = BackendState(
+                    name, spec.name, role, url, key, circuit_rules=circuit, probe_rules=probe)
+            self.pairs[spec.name] = PairState(spec.name, spec.routing, members, mode_since=now)
+        self.sessions = SessionMap(max_sessions)
+        self.use_backend_loads = use_backend_loads
+        self.loads_max_age_s = loads_max_age_s
+        self.affinity_slack = affinity_slack
+
+    @property
+    def concurrency(self) -> int:
+        """Requests this gateway has in flight, over every backend."""
+        return sum(b.inflight for b in self.backends.values())
+
+    # --- what the policy sees ----------------------------------------------------------------
+
+    def view(self, backend: BackendState, now: float, exclude: Collection[str] = ()) -> BackendView:
+        reported = (backend.reported_load(now, self.loads_max_age_s)
+                    if self.use_backend_loads else None)
+        return BackendView(
+            healthy=backend.accepting(now) and backend.name not in exclude,
+            inflight=backend.inflight,
+            effective_cap=backend.effective_cap,
+            reported_load=reported,
+            not_started=backend.not_started,
+        )
+
+    def snapshot(self, pair: PairState, now: float, exclude: Collection[str] = ()) -> Snapshot:
+        return Snapshot(pair.mode, pair.mode_since,
+                        {role: self.view(b, now, exclude) for role, b in pair.backends.items()},
+                        accept_length=pair.backends["mtp"].accept_length)
+
+    def pair_views(self, now: float, exclude: Collection[str] = ()) -> list[PairView]:
+        views = []
+        for pair in self.pairs.values():
+            snapshot = self.snapshot(pair, now, exclude)
+            usable = any(v.healthy for v in snapshot.backends.values())
+            views.append(PairView(pair.name, snapshot.concurrency, usable))
+        return views
+
+    # --- deciding ----------------------------------------------------------------------------
+
+    def place(self, ask: Ask, now: float, exclude: Collection[str] = ()) -> Placement:
+        """Decide where a request goes (a pair, then a server in it) and apply the pair's new
+        mode. Counts nothing: `admit` and `Lease.retry_elsewhere` do."""
+        session_backend = self.backends.get(self.sessions.get(ask.session) or "")
+        session_pair = session_backend.pair if session_backend is not None else None
+        choice = choose_pair(self.pair_views(now, exclude), session_pair, self.affinity_slack)
+        if choice.pair is None:
+            first = next(iter(self.pairs.values()))
+            return Placement(None, Decision(None, "no_backend", first.mode, first.mode_since),
+                             choice)
+        pair = self.pairs[choice.pair]
+        role = session_backend.role if session_backend is not None and session_pair == pair.name \
+            else None
+        decision = decide(self.snapshot(pair, now, exclude), RequestFacts(role, ask.pin),
+                          pair.routing, now)
+        if pair.mode == "mtp" and decision.mode == "plain":
+            pair.flipped_to_plain = True
+        pair.mode, pair.mode_since = decision.mode, decision.mode_since
+        backend = pair.backends[decision.backend] if decision.backend is not None else None
+        return Placement(backend, decision, choice)
+
+    def admit(self, ask: Ask, now: float) -> Lease | Placement:
+        """Decide and count. Returns the Placement alone when there is nowhere to go."""
+        placement = self.place(ask, now)
+        if placement.backend is None:
+            return placement
+        trial = placement.backend.admit(now)
+        return Lease(self, ask, placement, [Attempt(placement.backend, trial)])
+
+    def take_moves(self, now: float) -> dict[str, Moves]:
+        """Per pair that has just flipped to plain: what to move off its MTP server now (see
+        policy.plan_moves); the caller moves them with `Lease.move_to`."""
+        moves = {}
+        for pair in self.pairs.values():
+            flipped, pair.flipped_to_plain = pair.flipped_to_plain, False
+            planned = plan_moves(self.snapshot(pair, now), pair.routing, flipped=flipped)
+            if planned:
+                moves[pair.name] = planned
+        return moves
+
+
+@dataclass(eq=False)
+class Lease:
+    """One admitted request's claim on a backend; see the module docstring."""
+
+    pool: Pool
+    ask: Ask
+    placement: Placement
+    attempts: list[Attempt]
+    started: bool = False  # the first byte came from the backend
+    ended: bool = field(default=False)
+
+    @property
+    def backend(self) -> BackendState:
+        return self.attempts[-1].backend
+
+    @property
+    def reason(self) -> str:
+        """Why the request is where it is: the decision's reason, or failover after a retry
+        or a move."""
+        return self.placement.decision.reason if self.backend is self.placement.backend \
+            else "failover"
+
+    def first_byte(self) -> None:
+        if not self.started and not self.ended:
+            self.started = True
+            self.backend.first_byte()
+
+    def retry_elsewhere(self, failure: Failure, now: float) -> BackendState | None:
+        """The current attempt failed before any byte went to the client: decide again without
+        every server that failed it. Returns the new backend, or None (nothing else can take
+        it: the lease stays, and ends with this failure)."""
+        if self.ended or self.started:
+            return None
+        failed = [a.backend.name for a in self.attempts]
+        placement = self.pool.place(self.ask, now, exclude=failed)
+        if placement.backend is None:
+            return None
+        current = self.attempts[-1]
+        current.failure = failure
+        current.backend.leave(started=False, finished=False)  # a trial stays held: judged at end
+        self.attempts.append(Attempt(placement.backend, placement.backend.admit(now)))
+        return placement.backend
+
+    def move_to(self, backend: BackendState, now: float) -> None:
+        """Move to another server without a failure (a planned move at the mode's flip)."""
+        if self.ended or backend is self.backend:
+            return
+        current = self.attempts[-1]
+        current.backend.leave(started=self.started, finished=False)
+        if current.trial:  # no verdict on it: the next request may be the trial
+            current.backend.end_trial()
+            current.trial = False
+        self.attempts[-1] = Attempt(backend, backend.admit(now, started=self.started))
+
+    def end(self, outcome: Outcome, now: float, failure: Failure | None = None) -> list[Verdict]:
+        """The one end of a request: release its count, judge every attempt, remember the
+        session. `failure` is the last attempt's, with BACKEND_FAILURE. Later calls do nothing."""
+        if self.ended:
+            return []
+        self.ended = True
+        last = self.attempts[-1]
+        if outcome is Outcome.BACKEND_FAILURE:
+            last.failure = failure or Failure("unknown")
+        last.backend.leave(started=self.started, finished=True)
+        for attempt in self.attempts:
+            if attempt.trial:
+                attempt.backend.end_trial()
+        failed = [a for a in self.attempts if a.failure is not None]
+        verdicts = []
+        for attempt, blamed in zip(failed, blame([a.failure for a in failed]), strict=True):
+            assert attempt.failure is not None
+            opened = attempt.backend.circuit_failure(now) if blamed else False
+            verdicts.append(Verdict(attempt.backend, attempt.failure, blamed, opened))
+        if outcome is Outcome.SUCCESS:
+            last.backend.circuit_success()
+        self.pool.sessions.put(self.ask.session, last.backend.name)
+        return verdicts

@@ -1,0 +1,256 @@
+"""The pool: one owner per backend's state, pairs, the replica load view, and the lease's end.
+
+Pure state driven with explicit times: no sockets, no sleeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.backends import BackendState, CircuitRules
+from gateway.config import Routing
+from gateway.pairs import PairChoice, PairView, choose_pair
+from gateway.pool import Ask, Failure, Lease, Outcome, PairSpec, Pool, blame
+
+ROUTING = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0)
+FIVE_XX = Failure("status_5xx", status_5xx=True)
+CONNECT = Failure("connect")
+
+
+def pool(pairs: int = 1, *, failures_to_open: int = 3, open_s: float = 10.0,
+         routing: Routing = ROUTING, **kwargs) -> Pool:
+    specs = [PairSpec(f"p{k}", f"http://mtp{k}", f"http://plain{k}", routing) for k in range(pairs)]
+    return Pool(specs, now=0.0, circuit=CircuitRules(failures_to_open, open_s), **kwargs)
+
+
+def admit(p: Pool, now: float = 1.0, **ask) -> Lease:
+    lease = p.admit(Ask(**ask), now)
+    assert isinstance(lease, Lease), lease
+    return lease
+
+
+def total_inflight(p: Pool) -> int:
+    return sum(b.inflight + b.not_started for b in p.backends.values())
+
+
+# --- names -----------------------------------------------------------------------------------
+
+
+def test_one_pair_keeps_todays_backend_names():
+    assert list(pool().backends) == ["mtp", "plain"]
+    assert list(pool(2).backends) == ["p0/mtp", "p0/plain", "p1/mtp", "p1/plain"]
+
+
+# --- the circuit, decided at the lease's end -----------------------------------------------------
+
+
+def fail(p: Pool, now: float, failure: Failure = CONNECT, *, after_first_byte: bool = False):
+    lease = admit(p, now)
+    if after_first_byte:
+        lease.first_byte()
+    return lease.end(Outcome.BACKEND_FAILURE, now, failure)
+
+
+def test_streams_that_die_after_their_first_byte_open_the_circuit():
+    p = pool(failures_to_open=3)
+    for _ in range(3):
+        fail(p, 1.0, Failure("broken"), after_first_byte=True)
+    assert not p.backends["mtp"].accepting(1.0)
+    assert admit(p, 1.0).backend.name == "plain"  # taken out: the next request fails over
+
+
+def test_a_first_byte_is_not_a_success():
+    """Before, the first byte reset the failure count, so such a server never opened."""
+    p = pool(failures_to_open=2)
+    fail(p, 1.0, Failure("broken"), after_first_byte=True)
+    lease = admit(p, 1.0)
+    lease.first_byte()  # a good start ...
+    lease.end(Outcome.BACKEND_FAILURE, 1.0, Failure("broken"))  # ... broken all the same
+    assert p.backends["mtp"].circuit.is_open(1.0)
+
+
+@pytest.mark.parametrize("outcome", [Outcome.GATEWAY_ERROR, Outcome.CLIENT_GONE])
+def test_the_gateways_own_error_and_a_client_leaving_judge_no_backend(outcome):
+    p = pool(failures_to_open=2)
+    fail(p, 1.0)
+    for _ in range(5):
+        lease = admit(p, 1.0)
+        lease.first_byte()
+        assert lease.end(outcome, 1.0) == []
+    mtp = p.backends["mtp"]
+    assert mtp.circuit.failures == 1 and mtp.accepting(1.0)
+
+
+def test_success_resets_the_count_of_failures_in_a_row():
+    p = pool(failures_to_open=2)
+    fail(p, 1.0)
+    admit(p, 1.0).end(Outcome.SUCCESS, 1.0)
+    fail(p, 1.0)
+    assert p.backends["mtp"].accepting(1.0)
+
+
+def test_half_open_lets_exactly_one_trial_and_its_success_closes():
+    p = pool(failures_to_open=1, open_s=10.0)
+    fail(p, 1.0)
+    mtp = p.backends["mtp"]
+    assert not mtp.accepting(10.9)
+    trial = admit(p, 11.0)
+    assert trial.backend is mtp and trial.attempts[0].trial
+    assert admit(p, 11.0).backend.name == "plain"  # the others keep away while it runs
+    trial.end(Outcome.SUCCESS, 12.0)
+    assert mtp.accepting(12.0) and admit(p, 12.0).backend is mtp
+
+
+def test_a_failed_trial_opens_the_circuit_again():
+    p = pool(failures_to_open=1, open_s=10.0)
+    fail(p, 1.0)
+    fail(p, 11.0)
+    assert not p.backends["mtp"].accepting(20.9)
+    assert p.backends["mtp"].accepting(21.0)
+
+
+def test_a_trial_the_client_abandons_frees_the_next():
+    p = pool(failures_to_open=1, open_s=10.0)
+    fail(p, 1.0)
+    admit(p, 11.0).end(Outcome.CLIENT_GONE, 11.5)
+    assert admit(p, 12.0).backend.name == "mtp"
+
+
+# --- retries and blame ---------------------------------------------------------------------------
+
+
+def test_blame_excuses_a_5xx_only_when_another_server_gave_one_too():
+    assert blame([FIVE_XX, FIVE_XX]) == [False, False]
+    assert blame([FIVE_XX]) == [True]
+    assert blame([CONNECT, FIVE_XX]) == [True, True]
+    assert blame([FIVE_XX, CONNECT]) == [True, True]
+
+
+def test_a_retry_decides_again_without_the_failed_server():
+    p = pool()
+    lease = admit(p)
+    assert lease.backend.name == "mtp"
+    moved = lease.retry_elsewhere(CONNECT, 1.0)
+    assert moved is p.backends["plain"] and lease.reason == "failover"
+    assert (p.backends["mtp"].inflight, p.backends["plain"].inflight) == (0, 1)
+    verdicts = lease.end(Outcome.SUCCESS, 1.0)
+    assert [(v.backend.name, v.blamed) for v in verdicts] == [("mtp", True)]
+    assert p.backends["plain"].circuit.failures == 0 and total_inflight(p) == 0
+
+
+def test_a_5xx_from_both_servers_counts_against_neither():
+    p = pool(failures_to_open=1)
+    lease = admit(p)
+    lease.retry_elsewhere(FIVE_XX, 1.0)
+    verdicts = lease.end(Outcome.BACKEND_FAILURE, 1.0, FIVE_XX)
+    assert [v.blamed for v in verdicts] == [False, False]
+    assert all(b.accepting(1.0) for b in p.backends.values())
+
+
+def test_no_retry_when_every_other_server_is_out():
+    p = pool()
+    p.backends["plain"].up = False
+    lease = admit(p)
+    assert lease.retry_elsewhere(CONNECT, 1.0) is None
+    assert lease.backend.name == "mtp" and len(lease.attempts) == 1
+
+
+def test_no_retry_after_the_first_byte():
+    lease = admit(pool())
+    lease.first_byte()
+    assert lease.retry_elsewhere(CONNECT, 1.0) is None
+
+
+def test_a_failed_trial_stays_held_until_its_retry_ends():
+    """The trial's verdict waits for the retry (a 5xx may be excused): meanwhile no second
+    trial may go to the server that just failed it."""
+    p = pool(failures_to_open=1, open_s=10.0)
+    fail(p, 1.0)
+    lease = admit(p, 11.0)
+    lease.retry_elsewhere(FIVE_XX, 11.0)
+    assert admit(p, 11.0).backend.name == "plain"
+    lease.end(Outcome.SUCCESS, 11.5)  # the 5xx stands alone: blamed, the circuit opens again
+    assert not p.backends["mtp"].accepting(11.5)
+
+
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_every_end_returns_the_count_to_zero_once(outcome):
+    p = pool(2)
+    leases = [admit(p, 1.0) for _ in range(40)]
+    for i, lease in enumerate(leases):
+        if i % 3 == 0:
+            lease.first_byte()
+        if i % 4 == 0:
+            lease.retry_elsewhere(CONNECT, 1.0)
+        lease.end(outcome, 2.0, CONNECT)
+        lease.end(outcome, 2.0, CONNECT)  # a second end changes nothing
+    assert total_inflight(p) == 0
+    assert sum(b.served for b in p.backends.values()) == 40
+
+
+# --- pairs -----------------------------------------------------------------------------------------
+
+
+def test_choose_pair_takes_the_least_loaded_usable_pair():
+    views = [PairView("a", 10, True), PairView("b", 3, True), PairView("c", 0, False)]
+    assert choose_pair(views, None, 8).pair == "b"
+    assert choose_pair([PairView("a", 0, False)], None, 8).reason == "no_pair"
+
+
+def test_a_session_stays_on_its_pair_within_the_slack():
+    views = [PairView("a", 10, True), PairView("b", 3, True)]
+    assert choose_pair(views, "a", 8) == PairChoice("a", "session_affinity")
+    assert choose_pair(views, "a", 5) == PairChoice("b", "least_loaded")  # the queue costs more
+    assert choose_pair([PairView("a", 0, False), PairView("b", 9, True)], "a", 8).pair == "b"
+
+
+def test_new_requests_spread_over_pairs():
+    p = pool(2)
+    placed = [admit(p).backend.pair for _ in range(10)]
+    assert placed.count("p0") == placed.count("p1") == 5
+
+
+def test_a_session_follows_its_prefix_to_its_pair():
+    p = pool(2)
+    first = admit(p, session="s1")
+    first.end(Outcome.SUCCESS, 1.0)
+    for _ in range(3):  # p0 and p1 are now 2 and 1: s1's pair is not the least loaded
+        admit(p)
+    again = admit(p, session="s1")
+    assert again.backend is first.backend
+    assert again.placement.pair_choice.reason == "session_affinity"
+
+
+def test_each_pair_changes_mode_on_its_own_load():
+    p = pool(2, affinity_slack=100)
+    p.sessions.put("busy", "p0/mtp")
+    for _ in range(ROUTING.crossover + 1):  # one session's requests pile onto p0
+        admit(p, session="busy")
+    assert (p.pairs["p0"].mode, p.pairs["p1"].mode) == ("plain", "mtp")
+    assert admit(p).backend.name == "p1/mtp"
+
+
+# --- the replica load view -----------------------------------------------------------------------
+
+
+def test_the_reported_load_counts_other_replicas_and_our_requests_since_the_reading():
+    mtp = BackendState("mtp", "p", "mtp", "http://x")
+    mtp.inflight = 4
+    mtp.record_loads(running=10, waiting=2, now=100.0)  # ours 4, someone else's 8
+    assert mtp.reported_load(100.0, 3.0) == 12
+    mtp.inflight = 7  # 3 started here since
+    assert mtp.reported_load(101.0, 3.0) == 15
+    mtp.inflight = 2  # 5 of ours ended since
+    assert mtp.reported_load(102.0, 3.0) == 10
+    assert mtp.reported_load(103.5, 3.0) is None  # too old: fail open, own counts only
+
+
+def test_replicas_see_each_others_load_and_switch_on_it():
+    """Two pools in front of one pair: each sees the other's requests through /v1/loads."""
+    a, b = pool(use_backend_loads=True), pool(use_backend_loads=True)
+    for _ in range(ROUTING.crossover - 3):
+        admit(a)
+    for backend in b.backends.values():  # b reads what the servers have: a's requests
+        backend.record_loads(a.backends[backend.name].inflight, 0, now=1.0)
+    assert [admit(b, 1.2).backend.name for _ in range(4)] == ["mtp"] * 3 + ["plain"]
+    assert b.pairs["p0"].mode == "plain"
+    assert [admit(a, 1.3).backend.name for _ in range(3)] == ["mtp"] * 3  # a alone sees 21..23
