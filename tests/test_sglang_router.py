@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -79,25 +80,17 @@ async def sglang_router(worker_url: str, log_dir: Path) -> AsyncIterator[str]:
     raise AssertionError("no free port for sglang-router after 3 attempts")
 
 
-async def _ready(url: str, proc: asyncio.subprocess.Process) -> bool:
+async def _ready(url: str, proc: asyncio.subprocess.Process, timeout_s: float = 30) -> bool:
     """True once the router has registered its worker (/readiness 200); False if it exited."""
+    deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(timeout=2) as client:
-        async def ready() -> bool:
-            try:
-                return (await client.get(url + "/readiness")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        state = {"ready": False}
-
-        async def poll() -> None:
-            while proc.returncode is None and not state["ready"]:
-                state["ready"] = await ready()
-                if not state["ready"]:
-                    await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(poll(), 30)
-        return state["ready"]
+        while proc.returncode is None:
+            with contextlib.suppress(httpx.TransportError):
+                if (await client.get(url + "/readiness")).status_code == 200:
+                    return True
+            assert time.monotonic() < deadline, f"sglang-router at {url} not ready in {timeout_s} s"
+            await asyncio.sleep(0.05)
+    return False
 
 
 async def requests_served(client: httpx.AsyncClient, sim_url: str) -> float:
