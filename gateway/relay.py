@@ -620,6 +620,8 @@ def log_access(path: str, backend: str | None, reason: str | None, status: int,
                ttft: float | None, started: float, ended: str,
                tokens: tuple[int, int] | None) -> None:
     """One line per request, logfmt: what an operator greps for when a client complains."""
+    if not access.isEnabledFor(logging.INFO):
+        return
     access.info(
         "path=%s backend=%s reason=%s status=%d ttft_ms=%s duration_ms=%.1f prompt_tokens=%s "
         "completion_tokens=%s ended=%s", path, backend or "-", reason or "-", status,
