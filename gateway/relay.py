@@ -243,6 +243,7 @@ class ProxyEndpoint:
         if not exchange.committed:
             await self._commit(exchange, send, response.status, response.headers, _STREAM_HEADERS)
         exchange.first_byte_at = time.monotonic()  # the first model output, keep-alives aside
+        exchange.lease.mark_started()  # no longer movable; its decode speed is timed from here
         self.metrics.observe_ttft(exchange.lease.backend, exchange.first_byte_at - exchange.started)
         await self._send_events(exchange, send, first)
         writer = exchange.writer
@@ -510,6 +511,7 @@ class ProxyEndpoint:
             backend = exchange.lease.backend
             prompt, completion = int(match.group(1)), int(match.group(2))
             exchange.tokens = (prompt, completion)
+            exchange.lease.output_tokens = completion  # a speed sample for the learned crossover
             self.metrics.prompt_tokens.labels(backend).inc(prompt)
             self.metrics.completion_tokens.labels(backend).inc(completion)
 

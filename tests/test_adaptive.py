@@ -157,3 +157,32 @@ def test_the_estimate_is_on_metrics() -> None:
     assert "gateway_recent_accept_length 1.50" in text
     assert 'gateway_estimated_throughput{backend="plain"} 1126.7' in text
     assert 'gateway_estimated_throughput{backend="mtp"} 1114.2' in text
+
+
+# --- live: the relay tells the router when a stream starts and how many tokens it made ------
+
+@pytest.mark.timeout(30)
+async def test_a_relayed_stream_is_started_at_its_first_byte_and_becomes_a_sample(sim) -> None:
+    import httpx
+
+    from tests.conftest import live_gateway
+    from tests.test_gateway_live import OpenStream, chat, settled
+
+    async with live_gateway(sim, routing={"adaptive_crossover": True}) as gateway, \
+            httpx.AsyncClient(timeout=10) as client:
+        router = gateway.router
+        body = chat(max_tokens=64, stream=True, stream_options={"include_usage": True},
+                    ignore_eos=True)
+        stream = await OpenStream(client, gateway.url + "/v1/chat/completions", body).open()
+        try:
+            assert stream.backend == "mtp"
+            # Its first byte came: it is no longer movable, though still in flight.
+            assert (router.inflight["mtp"], router.not_started["mtp"]) == (1, 0)
+            async for _ in stream.chunks:
+                pass
+        finally:
+            await stream.close()
+        await settled(gateway, 0)
+        assert router.estimator.samples == 1
+        ((running, bucket),) = router.estimator.mtp.buckets.items()
+        assert running == 1 and bucket.rate > 0
