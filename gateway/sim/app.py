@@ -115,6 +115,43 @@ def _responses_aborted(status: int, message: str) -> Response:
     return _responses_refusal(RequestError(text, err_type="invalid_request_error"))
 
 
+NOT_AN_EMBEDDING_MODEL = ("This model does not appear to be an embedding model by default. Please add "
+                          "`--is-embedding` when launching the server or try another model.")  # fmt: skip
+
+
+class Vocabulary:
+    """Word <-> token id of /tokenize and /detokenize, ids given in order of first sight."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._words: list[str] = []
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for word in text.split():
+            if word not in self._ids:
+                self._ids[word] = len(self._words)
+                self._words.append(word)
+            ids.append(self._ids[word])
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(self._words[i] if 0 <= i < len(self._words) else "" for i in ids)
+
+
+def _generate_refusal(exc: RequestError) -> Response:
+    """http_server.py:2246 (_create_error_response): ``{"error": {"message"}}``."""
+    return json_response({"error": {"message": str(exc)}}, exc.status)
+
+
+def _generate_aborted(status: int, message: str) -> Response:
+    """A 400 is the ValueError above; another status is FastAPI's HTTPException handler,
+    flat (http_server.py:624)."""
+    if status == 400:
+        return _generate_refusal(RequestError(message))
+    return openai_error(status, message, str(status))
+
+
 @dataclass(frozen=True)
 class Api:
     """One generation endpoint: how it parses a request, renders it, and answers failures."""
@@ -126,6 +163,7 @@ class Api:
     aborted: Callable[[int, str], Response]
     kick_started: bool = False  # a raise before the first chunk is an HTTP error (chat, completions)
     stream_optional: bool = True  # `stream: Optional[bool]` (null allowed)
+    header_overrides: bool = False  # reads x-override-rid when SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES
 
 
 @dataclass(frozen=True)
@@ -197,7 +235,7 @@ class SimApp:
     """Handlers of one simulated server; ``build()`` makes the ASGI app."""
 
     def __init__(self, identity: ServerIdentity, live: LiveEngine, faults: FaultState,
-                 enable_response_store: bool = False) -> None:  # fmt: skip
+                 enable_response_store: bool = False, header_overrides: bool = False) -> None:  # fmt: skip
         self.identity = identity
         self.live = live
         self.faults = faults
@@ -207,6 +245,8 @@ class SimApp:
         self.apis = self._apis()
         self._watchers: set[asyncio.Task[None]] = set()
         self.responses_store = ResponsesStore(enable_response_store)
+        self.header_overrides = header_overrides
+        self.vocabulary = Vocabulary()
 
     def build(self, api_key: str | None = None, admin_api_key: str | None = None) -> ASGIApp:
         app = Starlette(routes=self._routes())
@@ -222,6 +262,13 @@ class SimApp:
             Route("/v1/responses", self.responses, methods=post),
             Route("/v1/responses/{response_id}", self.get_response, methods=get),
             Route("/v1/responses/{response_id}/cancel", self.cancel_response, methods=post),
+            Route("/generate", self.generate, methods=["POST", "PUT"]),
+            Route("/v1/embeddings", self.not_an_embedding_model, methods=post),
+            Route("/v1/classify", self.not_an_embedding_model, methods=post),
+            Route("/v1/tokenize", self.tokenize, methods=post),
+            Route("/tokenize", self.tokenize, methods=post),
+            Route("/v1/detokenize", self.detokenize, methods=post),
+            Route("/detokenize", self.detokenize, methods=post),
             Route("/v1/models", self.models, methods=get),
             Route("/v1/models/{model:path}", self.model_card, methods=get),
             Route("/model_info", self.model_info, methods=get),
@@ -245,14 +292,21 @@ class SimApp:
         chat_aborted = _openai_aborted
         return {
             "chat": Api(self._parse_chat, formats.ChatRenderer, formats.chat_body, _openai_refusal,
-                        chat_aborted, kick_started=True, stream_optional=False),
+                        chat_aborted, kick_started=True, stream_optional=False, header_overrides=True),
             "completions": Api(self._parse_completion, formats.CompletionRenderer, formats.completion_body,
                                _openai_refusal, chat_aborted, kick_started=True, stream_optional=False),
             "messages": Api(self._parse_messages, formats.MessagesRenderer, formats.anthropic_message,
-                            _anthropic_refusal, _anthropic_aborted),
+                            _anthropic_refusal, _anthropic_aborted, header_overrides=True),
             "responses": Api(self._parse_responses, formats.ResponsesRenderer,
                              formats.responses_final_body, _responses_refusal, _responses_aborted),
+            "generate": Api(self._parse_generate, self._generate_renderer, formats.generate_body,
+                            _generate_refusal, _generate_aborted, stream_optional=False,
+                            header_overrides=True),
         }  # fmt: skip
+
+    def _generate_renderer(self, job: formats.Job) -> formats.Renderer:
+        draft_tokens = self.profile.num_draft_tokens if self.profile.speculative else 0
+        return formats.GenerateRenderer(job, draft_tokens)
 
     async def chat(self, request: Request) -> Response:
         return await self._serve(request, self.apis["chat"])
@@ -266,13 +320,19 @@ class SimApp:
     async def responses(self, request: Request) -> Response:
         return await self._serve(request, self.apis["responses"])
 
+    async def generate(self, request: Request) -> Response:
+        return await self._serve(request, self.apis["generate"])
+
     async def _serve(self, request: Request, api: Api) -> Response:
         try:
-            body = await read_json(request)
+            body = await read_json(request, require_json_type=api is not self.apis["generate"])
             stream = stream_flag(body, api.stream_optional)
             job = api.parse(body)
         except RequestError as exc:
             return api.refuse(exc)
+        rid = request.headers.get("x-override-rid")
+        if rid is not None and self.header_overrides and api.header_overrides:
+            job = dataclasses.replace(job, rid=rid)  # request_headers.py, behind an env var
         return await self._generate(request, job, stream, api)
 
     # --- parsing -------------------------------------------------------------------------
@@ -336,6 +396,25 @@ class SimApp:
             raise RequestError(str(exc)) from exc
         max_tokens = max_tokens_of(body, "max_completion_tokens", "max_tokens")
         return self._job(body, text, token_ids(text), max_tokens, thinking, tool)
+
+    def _parse_generate(self, body: dict[str, Any]) -> formats.Job:
+        """One prompt (``text`` or ``input_ids``) with ``sampling_params``
+        (managers/io_struct.py GenerateReqInput; max_new_tokens defaults to 128)."""
+        text, ids = body.get("text"), body.get("input_ids")
+        if isinstance(text, str):
+            prompt_text, prompt_ids = text, token_ids(text)
+        elif isinstance(ids, list) and ids and all(type(t) is int for t in ids):
+            prompt_text, prompt_ids = " ".join(map(str, ids)), ids
+        elif text is None and ids is None:
+            raise RequestError("Either text, input_ids or input_embeds should be provided.")
+        else:
+            raise RequestError("The simulator takes one prompt per /generate request (no batches).")
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            raise RequestError("sampling_params must be an object")
+        limit = max_tokens_of({"max_new_tokens": params.get("max_new_tokens", 128)}, "max_new_tokens")
+        merged = {**body, "ignore_eos": params.get("ignore_eos"), "temperature": params.get("temperature")}
+        return self._job(merged, prompt_text, prompt_ids, limit)
 
     def _parse_completion(self, body: dict[str, Any]) -> formats.Job:
         prompt = body.get("prompt")
@@ -447,7 +526,7 @@ class SimApp:
         if failure.raised and api.kick_started:
             return api.refuse(RequestError(failure.message))
         renderer = api.renderer(job)
-        events = renderer.abort(400 if failure.raised else failure.status, failure.message)
+        events = renderer.raised(failure.message) if failure.raised else renderer.abort(failure.status, failure.message)
         self._store(job, renderer)
         return StreamingResponse(replay(events), media_type="text/event-stream")
 
@@ -702,6 +781,51 @@ class SimApp:
         if abort_all or rid in self.live.engine:
             self.live.abort(rid, abort_all)
         return Response(status_code=200)
+
+    # --- the other endpoints a generation model answers ----------------------------------
+
+    async def not_an_embedding_model(self, request: Request) -> Response:
+        """Embeddings and classification run as EmbeddingReqInput, which a generation model
+        refuses (tokenizer_manager.py:1381) with a ValueError: 400 (serving_embedding.py:259)."""
+        try:
+            await read_json(request)
+        except RequestError as exc:
+            return _openai_refusal(exc)
+        return openai_error(400, NOT_AN_EMBEDDING_MODEL, "BadRequestError")
+
+    async def tokenize(self, request: Request) -> Response:
+        """serving_tokenize.py: ``prompt`` (a string or strings) or chat ``messages``; the
+        simulator's tokens are words, numbered as they are first seen (so detokenize inverts)."""
+        try:
+            body = await read_json(request)
+            prompt, messages = body.get("prompt"), body.get("messages")
+            if messages is not None:
+                tokens: Any = self.vocabulary.encode(chat_prompt_text(messages, body.get("tools")))
+            elif isinstance(prompt, str):
+                tokens = self.vocabulary.encode(prompt)
+            elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+                tokens = [self.vocabulary.encode(p) for p in prompt]
+            else:
+                raise RequestError("Either 'prompt' or 'messages' must be provided")
+        except (RequestError, ValueError) as exc:
+            return _openai_refusal(exc if isinstance(exc, RequestError) else RequestError(str(exc)))
+        count = len(tokens) if isinstance(prompt, str) or messages is not None else [len(t) for t in tokens]
+        return json_response({"tokens": tokens, "count": count, "max_model_len": self.profile.context_length})
+
+    async def detokenize(self, request: Request) -> Response:
+        try:
+            body = await read_json(request)
+            tokens = body.get("tokens")
+            if isinstance(tokens, list) and all(type(t) is int for t in tokens):
+                text: Any = self.vocabulary.decode(tokens)
+            elif isinstance(tokens, list) and all(isinstance(t, list) for t in tokens):
+                text = [self.vocabulary.decode(t) for t in tokens]
+            else:
+                raise RequestError("tokens: Input should be a list of integers or of lists of integers",
+                                   err_type="Bad Request")  # fmt: skip
+        except RequestError as exc:
+            return _openai_refusal(exc)
+        return json_response({"text": text})
 
     # --- Anthropic token counting and stored responses -----------------------------------
 

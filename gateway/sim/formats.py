@@ -16,7 +16,7 @@ from http import HTTPStatus
 from typing import Any
 
 from gateway.sim.engine import Output
-from gateway.sim.text import IM_END_TOKEN_ID, Plan, TextCursor, split_answer
+from gateway.sim.text import IM_END_TOKEN_ID, WORDS, Plan, TextCursor, split_answer
 
 DONE = b"data: [DONE]\n\n"
 QUEUE_FULL = "The request queue is full."  # managers/scheduler.py:3562
@@ -148,6 +148,10 @@ class Renderer:
 
     def abort(self, status: int, message: str) -> list[bytes]:
         raise NotImplementedError
+
+    def raised(self, message: str) -> list[bytes]:
+        """generate_request raised (a ValueError, a 400) inside a stream already answered."""
+        return self.abort(400, message)
 
     @property
     def reasoning_generated(self) -> int:
@@ -585,3 +589,81 @@ def responses_final_body(job: Job, generated: int, engine_reason: str) -> dict[s
 
 def new_rid() -> str:
     return uuid.uuid4().hex
+
+
+# --- SGLang's native /generate ------------------------------------------------------------------
+
+WORD_IDS = {word: 1000 + i for i, word in enumerate(WORDS)}  # stand-in token ids
+
+
+class GenerateRenderer(Renderer):
+    """``/generate`` stream chunks (http_server.py:950): ``data: {"text", "output_ids",
+    "meta_info"}`` per engine output, text and ids cumulative (incremental_streaming_output is
+    off by default), the finish reason as SGLang's to_json dicts, then ``data: [DONE]``."""
+
+    def __init__(self, job: Job, draft_tokens: int = 0) -> None:
+        super().__init__(job)
+        self._draft_tokens = draft_tokens  # speculative_num_draft_tokens; 0 without speculation
+        self._words: list[str] = []
+        self._verify_ct = 0
+
+    def output(self, output: Output) -> list[bytes]:
+        self.generated += output.tokens
+        self._verify_ct += 0 if output.first else 1
+        for _, text in self.cursor.take(output.tokens):
+            self._words.append(text)
+        if output.finish_reason is not None:
+            return []  # goes out with the finish reason in end()
+        return [self._chunk(None)]
+
+    def _chunk(self, finish: dict[str, Any] | None) -> bytes:
+        return b"data: " + compact(generate_body_of(self.job, "".join(self._words), self.generated,
+                                                    finish, self._spec())).encode() + b"\n\n"  # fmt: skip
+
+    def _spec(self) -> dict[str, Any]:
+        """tokenizer_manager.py:3149: per-request speculative figures."""
+        if not self._draft_tokens or not self._verify_ct:
+            return {}
+        proposed = self._verify_ct * (self._draft_tokens - 1)
+        correct = max(self.generated - 1 - self._verify_ct, 0)  # the prefill token is no draft
+        return {"spec_accept_rate": correct / proposed, "spec_accept_length": self.generated / self._verify_ct,
+                "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed,
+                "spec_verify_ct": self._verify_ct}  # fmt: skip
+
+    def end(self, engine_reason: str) -> list[bytes]:
+        return [self._chunk(generate_finish(self.job, engine_reason)), DONE]
+
+    def abort(self, status: int, message: str) -> list[bytes]:
+        """The abort output is an ordinary chunk whose finish_reason carries the status
+        (tokenizer_manager.py:1891 yields it for a stream), then [DONE]."""
+        finish = {"type": "abort", "status_code": status, "message": message}
+        return [self._chunk(finish), DONE]
+
+    def raised(self, message: str) -> list[bytes]:
+        """http_server.py:960: the ValueError as an error event, then [DONE]."""
+        error = {"error": {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}}
+        return [b"data: " + compact(error).encode() + b"\n\n", DONE]
+
+
+def generate_finish(job: Job, engine_reason: str) -> dict[str, Any]:
+    """schedule_batch.py FINISH_* to_json."""
+    reason = job.finish_reason(engine_reason)
+    if reason == "abort":
+        return {"type": "abort", "message": None, "status_code": None, "err_type": None}
+    if reason == "length":
+        return {"type": "length", "length": len(job.plan.words)}
+    return {"type": "stop", "matched": IM_END_TOKEN_ID}
+
+
+def generate_body_of(job: Job, text: str, generated: int, finish: dict[str, Any] | None,
+                     spec: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    meta = {"id": job.rid, "finish_reason": finish, "prompt_tokens": job.prompt_tokens,
+            "weight_version": "default", "num_retractions": 0, "reasoning_tokens": 0,
+            "completion_tokens": generated, "cached_tokens": 0, **spec}  # fmt: skip
+    ids = [WORD_IDS.get(word, 0) for word in job.plan.words[:generated]]
+    return {"text": text, "output_ids": ids, "meta_info": meta}
+
+
+def generate_body(job: Job, generated: int, engine_reason: str) -> dict[str, Any]:
+    text = "".join(split_answer(job.plan, generated))
+    return generate_body_of(job, text, generated, generate_finish(job, engine_reason), {})

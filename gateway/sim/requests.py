@@ -26,10 +26,11 @@ class RequestError(Exception):
         self.status, self.err_type, self.param = status, err_type, param
 
 
-async def read_json(request: Request) -> dict[str, Any]:
-    """The JSON object body; SGLang insists on the content type (validate_json_request)."""
+async def read_json(request: Request, require_json_type: bool = True) -> dict[str, Any]:
+    """The JSON object body; SGLang insists on the content type where the route depends on
+    validate_json_request (http_server.py:687; /generate does not)."""
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if media_type != "application/json":
+    if require_json_type and media_type != "application/json":
         raise RequestError("Unsupported Media Type: Only 'application/json' is allowed", err_type="Bad Request")
     try:
         body = json.loads(await request.body())

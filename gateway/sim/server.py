@@ -47,6 +47,8 @@ class SimOptions:
     admin_api_key: str | None = None  # --admin-api-key: guards /abort_request instead of api_key
     max_queued_requests: int | None = None  # --max-queued-requests, for both (None: the profiles')
     enable_response_store: bool = False  # --enable-response-store (SGLang's default: off)
+    # SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1: x-override-rid sets the rid of chat, messages, /generate
+    request_header_overrides: bool = False
     faults: Mapping[str, Faults] = field(default_factory=dict)  # initial faults per backend
     log_level: str = "warning"
 
@@ -82,7 +84,8 @@ class SimServer:
         self._sock = _bind(options.host, port)
         self.port = self._sock.getsockname()[1]
         identity = ServerIdentity(name, options.host, self.port, options.seed)
-        self.app = SimApp(identity, self.live, self.faults, options.enable_response_store)
+        self.app = SimApp(identity, self.live, self.faults, options.enable_response_store,
+                          options.request_header_overrides)
         config = uvicorn.Config(
             self.app.build(options.api_key, options.admin_api_key), lifespan="off", log_level=options.log_level,
             access_log=False, timeout_graceful_shutdown=1,
