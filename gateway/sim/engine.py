@@ -18,6 +18,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gateway.sim.adaptive import AdaptiveSteps
 from gateway.sim.profile import Profile
 
 # Prefix-cache granularity in tokens: a prompt is cached in whole blocks, like paged KV.
@@ -65,6 +66,7 @@ class Step:
     seqs: list[_Seq]
     prefill_tokens: list[int] = field(default_factory=list)  # per seq, prefill steps only
     aborting: list[_Seq] = field(default_factory=list)  # freed when this step ends
+    num_steps: int = 0  # draft steps of a speculative decode step
 
 
 class QueueFullError(Exception):
@@ -150,6 +152,8 @@ class Engine:
         self._prefilling: list[_Seq] = []  # admitted, prompt partly computed (holds a slot)
         self._running: list[_Seq] = []  # decoding
         self._by_rid: dict[str, _Seq] = {}
+        self._adaptive = (AdaptiveSteps(profile.num_steps, profile.effective_max_running)
+                          if profile.adaptive else None)
 
     # --- state -------------------------------------------------------------------------
 
@@ -275,7 +279,11 @@ class Engine:
         if not self._running:
             return None
         batch = list(self._running)
-        return Step("decode", self.profile.decode_step_s(len(batch)), batch)
+        if self._adaptive is not None:
+            steps = self._adaptive.steps_for(len(batch))
+            return Step("decode", self.profile.spec_step_s(len(batch), steps), batch, num_steps=steps)
+        return Step("decode", self.profile.decode_step_s(len(batch)), batch,
+                    num_steps=self.profile.num_steps if self.profile.speculative else 0)
 
     def finish_step(self, step: Step) -> list[Output]:
         """Apply a finished step; returns what each request got (in batch order)."""
@@ -306,20 +314,22 @@ class Engine:
         return outputs
 
     def _finish_decode(self, step: Step) -> list[Output]:
-        outputs, emitted = [], 0
+        outputs, emitted, accepted_drafts = [], 0, []
         for seq in step.seqs:
             if seq.gone:
                 continue
-            n = self._speculate(seq) if self.profile.speculative else 1
+            n = self._speculate(seq, step.num_steps) if self.profile.speculative else 1
+            accepted_drafts.append(n - 1)
             n = min(n, seq.request.output_len - seq.generated)
             emitted += n
             outputs.append(self._emit(seq, n))
         self.stats.recent.append((step.duration_s, emitted))
+        if self._adaptive is not None:
+            self._adaptive.on_verify(len(step.seqs), accepted_drafts)
         return outputs
 
-    def _speculate(self, seq: _Seq) -> int:
+    def _speculate(self, seq: _Seq, steps: int) -> int:
         """Drafts accepted until the first rejection, plus the target model's bonus token."""
-        steps = self.profile.num_steps
         accepted = 0
         while accepted < steps and self._rng.random() < seq.accept_prob:
             accepted += 1

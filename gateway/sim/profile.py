@@ -3,6 +3,12 @@
 A profile is plain data loaded from YAML (``profiles/default.yaml`` ships with the package;
 ``calibrate`` can write a user's measured ones with :func:`save_profiles`). The engine reads
 only the fields below; everything time-related is in milliseconds of device time.
+
+The packaged profiles carry step times only; their caps and prefix cache come from the memory
+model (:mod:`gateway.sim.memory`) for a deployment: the pair sharing the GPUs
+(:func:`pair_profiles`, what :func:`load_profiles` returns by default), one server owning them
+(:func:`single_profile`: plain, MTP or ``--speculative-adaptive``), or the seed's single servers
+(:func:`seed_profiles`, BF16, which the step tables were fitted to).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gateway.sim import memory
 
 DEFAULT_MODEL = "Qwen/Qwen3.5-122B-A10B"
 # SGLang resets --max-running-requests to 48 for speculative decoding when it is unset.
@@ -45,6 +53,12 @@ class Profile:
     max_queued_requests: int | None = None
     served_model_name: str = DEFAULT_MODEL
     context_length: int = 262_144
+    # --speculative-adaptive: draft steps chosen per batch by gateway.sim.adaptive. Then
+    # step_ms is the decode step at ONE draft step and base_step_ms the same server's step
+    # without speculation; other step counts are derived from both (spec_step_ms).
+    adaptive: bool = False
+    base_step_ms: tuple[tuple[int, float], ...] = ()
+    draft_layer_fraction: float = 1 / 48  # the MTP layer against the target's 48 layers
 
     def __post_init__(self) -> None:
         batches = [b for b, _ in self.step_ms]
@@ -52,6 +66,8 @@ class Profile:
             raise ValueError("step_ms needs increasing batch sizes starting at >= 1")
         if not 0.0 <= self.accept_prob <= 1.0 or not 0.0 <= self.accept_prob_repetitive <= 1.0:
             raise ValueError("accept probabilities must be within [0, 1]")
+        if self.adaptive and not (self.speculative and self.base_step_ms):
+            raise ValueError("an adaptive profile is speculative and needs base_step_ms")
 
     @property
     def resolved_max_running_requests(self) -> int:
@@ -77,6 +93,23 @@ class Profile:
         """Seconds for one decode step of ``batch`` running requests (linear between points)."""
         return _interpolate(self.step_ms, batch) / 1000.0
 
+    def spec_step_s(self, batch: int, steps: int) -> float:
+        """Seconds for one decode step with ``steps`` draft steps (adaptive profiles).
+
+        Verify runs the target over ``steps + 1`` tokens per request (the base step of a batch
+        that many times bigger); each draft step is one pass of the draft layer; the rest of
+        the measured one-step cost (draft extend, sampling, bookkeeping) is ``extra``. At 0
+        steps SGLang still runs the draft extend (eagle_worker_v2.py: "_draft_extend below
+        still runs, keeping draft KV warm") and verifies trivially, "functionally a plain
+        decode": base step + one draft-layer pass. At one step this is step_ms exactly.
+        """
+        base = _interpolate(self.base_step_ms, batch)
+        draft = base * self.draft_layer_fraction
+        if steps == 0:
+            return (base + draft) / 1000.0
+        extra = max(0.0, _interpolate(self.step_ms, batch) - _interpolate(self.base_step_ms, 2 * batch) - draft)
+        return (_interpolate(self.base_step_ms, batch * (steps + 1)) + steps * draft + extra) / 1000.0
+
     def prefill_step_s(self, tokens: int) -> float:
         """Seconds for one prefill step that computes ``tokens`` uncached prompt tokens."""
         return (self.prefill_overhead_ms + self.prefill_ms_per_1k * tokens / 1000.0) / 1000.0
@@ -97,16 +130,57 @@ def _profile_from_dict(name: str, raw: Mapping[str, Any]) -> Profile:
     if unknown:
         raise ValueError(f"profile {name!r}: unknown keys {sorted(unknown)}")
     fields = dict(raw)
-    fields["step_ms"] = tuple((int(b), float(ms)) for b, ms in raw["step_ms"])
+    for key in ("step_ms", "base_step_ms"):
+        if key in raw:
+            fields[key] = tuple((int(b), float(ms)) for b, ms in raw[key])
     return Profile(**fields)
 
 
-def load_profiles(path: str | Path | None = None) -> dict[str, Profile]:
-    """Profiles by backend name (``mtp``, ``plain``) from ``path``, or the packaged defaults."""
+def load_profiles(path: str | Path | None = None,
+                  hardware: str = memory.DEFAULT_HARDWARE) -> dict[str, Profile]:
+    """Profiles by backend name (``mtp``, ``plain``) from ``path`` as written, or the packaged
+    timings with the memory of the pair sharing ``hardware`` (:func:`pair_profiles`)."""
     if path is None:
-        text = resources.files("gateway.sim").joinpath("profiles/default.yaml").read_text()
-    else:
-        text = Path(path).read_text()
+        return pair_profiles(hardware)
+    return _parse(Path(path).read_text())
+
+
+def packaged_timings() -> dict[str, Profile]:
+    """The packaged step times, with no memory applied (caps as the YAML gives them)."""
+    return _parse(resources.files("gateway.sim").joinpath("profiles/default.yaml").read_text())
+
+
+def pair_profiles(hardware: str = memory.DEFAULT_HARDWARE) -> dict[str, Profile]:
+    """MTP and plain sharing the GPUs, sized as docker/compose.yaml starts them."""
+    timings = packaged_timings()
+    sizing = memory.size_pair(memory.HARDWARE[hardware])
+    return {name: memory.with_sizing(timings[name], sizing[name]) for name in ("mtp", "plain")}
+
+
+def single_profile(role: str, hardware: str = memory.DEFAULT_HARDWARE,
+                   weights: str = memory.PAIR_WEIGHTS) -> Profile:
+    """One ``plain``, ``mtp`` or ``adaptive`` server owning the GPUs."""
+    timings = packaged_timings()
+    sizing = memory.size_single(role, memory.HARDWARE[hardware], weights)
+    base = adaptive_timing(timings) if role == "adaptive" else timings[role]
+    return memory.with_sizing(base, sizing)
+
+
+def seed_profiles() -> dict[str, Profile]:
+    """The seed's single servers (BF16, each alone on 4x RTX PRO 6000): the calibration target."""
+    return {role: single_profile(role, "rtx-pro-6000", memory.SEED_WEIGHTS) for role in ("mtp", "plain")}
+
+
+def adaptive_timing(timings: Mapping[str, Profile]) -> Profile:
+    """``--speculative-adaptive``: MTP's one-step table plus plain's step as the base.
+
+    Left unset, SGLang starts it at 3 draft steps (the middle of the candidates [0, 1, 3, 5, 7];
+    arg_groups/speculative_hook.py _init_adaptive_speculative_params)."""
+    return dataclasses.replace(timings["mtp"], adaptive=True, num_steps=3,
+                               base_step_ms=timings["plain"].step_ms)
+
+
+def _parse(text: str) -> dict[str, Profile]:
     raw = yaml.safe_load(text) or {}
     backends = raw.get("backends")
     if not isinstance(backends, dict) or not backends:
@@ -120,6 +194,7 @@ def save_profiles(profiles: Mapping[str, Profile], path: str | Path, comment: st
     for name, profile in profiles.items():
         spec = dataclasses.asdict(profile)
         spec["step_ms"] = [[b, ms] for b, ms in profile.step_ms]
+        spec["base_step_ms"] = [[b, ms] for b, ms in profile.base_step_ms]
         backends[name] = spec
     header = "".join(f"# {line}\n" for line in comment.splitlines())
     Path(path).write_text(header + yaml.safe_dump({"backends": backends}, sort_keys=False))

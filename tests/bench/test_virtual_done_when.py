@@ -22,9 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 # `mtp-gateway bench --sim --concurrency 1,...,128` (docs/bench/README.md): too slow for the
 # suite, same verdict. A static crossover of 24 with the capacity guard reached only 86 % (C=26)
 # and 92 % (C=28) on the seed; the acceptance-scaled crossover without the guard passes both.
-# Known shortfalls would go here as strict xfails.
+# Known shortfalls are strict xfails.
 LEVELS = [*range(1, 33), 40, 48, 64, 96, 128]
-KNOWN_SHORTFALL: set[tuple[str, int]] = set()
+# With the pair's real memory (gateway/sim/memory.py: the compose split on 4x RTX PRO 6000 gives
+# plain 28 running, MTP 24) the plain server never overtakes MTP on the seed workload
+# (24 x 2 tokens per 29.85 ms step > 28 x 1 per 19.1 ms), so config.yaml's crossover 31 (fitted
+# when each server had a whole GPU's memory) sends C >= 32 to the slower server. Routing is
+# issue 12's; these fail until the crossover follows the pair's memory.
+KNOWN_SHORTFALL: set[tuple[str, int]] = {("seed", c) for c in (32, 40, 48, 64, 96, 128)}
 # The first case of each workload runs the whole sweep (~35 s here): more than the global 60 s
 # default would allow on a machine half as fast.
 pytestmark = pytest.mark.timeout(240)
@@ -42,7 +47,7 @@ def rows(workload: str):
     return zip(results["gateway"], results["mtp-only"], results["plain-only"], strict=True)
 
 
-CASES = [pytest.param(w, c, marks=pytest.mark.xfail(strict=True, reason="static crossover, see LEVELS")
+CASES = [pytest.param(w, c, marks=pytest.mark.xfail(strict=True, reason="pair memory vs crossover 31, see KNOWN_SHORTFALL")
                       if (w, c) in KNOWN_SHORTFALL else ()) for w in ("seed", "chat") for c in LEVELS]
 
 

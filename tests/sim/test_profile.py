@@ -5,7 +5,7 @@ def test_default_caps_follow_sglang():
     profiles = load_profiles()
     assert profiles["mtp"].resolved_max_running_requests == 48
     assert profiles["mtp"].effective_max_running == 24
-    assert profiles["plain"].effective_max_running == 68
+    assert profiles["plain"].effective_max_running == 28  # the pair's plain server (memory model)
 
 
 def test_step_time_is_linear_between_points_and_beyond_the_last():

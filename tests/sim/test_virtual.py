@@ -6,10 +6,10 @@ import functools
 import pytest
 
 from gateway.sim.engine import QueueFullError, Request
-from gateway.sim.profile import load_profiles
+from gateway.sim.profile import load_profiles, seed_profiles
 from gateway.sim.virtual import VirtualSim, run_seed_benchmark
 
-PROFILES = load_profiles()
+PROFILES = seed_profiles()  # the seed's single servers: the calibration target
 
 
 @functools.cache  # the runs are deterministic, so tests share them
