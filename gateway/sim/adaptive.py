@@ -79,7 +79,8 @@ class StepSlot:
                 break
             idx -= 1
         if idx == start:
-            while idx < len(self.candidates) - 1 and self.ema > self.candidates[idx] - 0.5 + self.up_hysteresis:
+            top = len(self.candidates) - 1
+            while idx < top and self.ema > self.candidates[idx] - 0.5 + self.up_hysteresis:
                 idx += 1
         self.current = self.candidates[idx]
 

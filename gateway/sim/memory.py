@@ -32,7 +32,6 @@ gateway.sim.memory``; a test keeps the two equal).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 GIB = float(1 << 30)
@@ -100,7 +99,8 @@ class ModelConfig:
         groups = self.linear_num_key_heads
         if groups % tp:
             groups += tp - groups  # extra_groups_for_head_shards
-        conv_dim = self.linear_num_value_heads * self.linear_value_head_dim + 2 * groups * self.linear_key_head_dim
+        value_dim = self.linear_num_value_heads * self.linear_value_head_dim
+        conv_dim = value_dim + 2 * groups * self.linear_key_head_dim
         conv = conv_dim // tp * (self.linear_conv_kernel - 1) * self.conv_state_bytes
         ssm = (self.linear_num_value_heads // tp) * self.linear_value_head_dim * self.linear_key_head_dim
         return (conv + ssm * self.ssm_state_bytes) * self.linear_layers
@@ -294,7 +294,8 @@ def sizing_table(hardware_names: tuple[str, ...] = ("rtx-pro-6000", "h200")) -> 
     lines.append(row("free at first start `F0`", [f"{hw.free_at_start_gib:.1f} GiB" for hw in hws]))
     lines.append(row("`MEM_FRACTION_MTP`", [
         f"{hw.pair_fractions[0]} → {_gb(p['mtp'].static_gib)} GiB static: weights + draft "
-        f"{_gb(p['mtp'].weights_gib)}, pools {_gb(p['mtp'].pool_gib)}" for hw, p in zip(hws, pairs, strict=True)]))
+        f"{_gb(p['mtp'].weights_gib)}, pools {_gb(p['mtp'].pool_gib)}"
+        for hw, p in zip(hws, pairs, strict=True)]))
     lines.append(row("MTP server: Mamba slots / running cap / KV tokens", [
         f"{p['mtp'].mamba_slots} / **{p['mtp'].max_running}** (of {p['mtp'].resolved_max_running}) / "
         f"{p['mtp'].kv_tokens:,}" for p in pairs]))
@@ -306,11 +307,13 @@ def sizing_table(hardware_names: tuple[str, ...] = ("rtx-pro-6000", "h200")) -> 
         f"{_gb((1 - hw.pair_fractions[1]) * p['plain'].free_gib)} GiB for its graphs"
         for hw, p in zip(hws, pairs, strict=True)]))
     lines.append(row("plain server: Mamba slots / running cap / KV tokens", [
-        f"{p['plain'].mamba_slots} / **{p['plain'].max_running}** / {p['plain'].kv_tokens:,}" for p in pairs]))
+        f"{p['plain'].mamba_slots} / **{p['plain'].max_running}** / {p['plain'].kv_tokens:,}"
+        for p in pairs]))
     for role, fraction_note in (("plain", "plain"), ("mtp", "MTP")):
         lines.append(row(f"for comparison: one {fraction_note} server owning the GPU "
                          f"(fraction {SINGLE_FRACTIONS[role]}): pools / running cap / KV tokens", [
-                             f"{_gb(s[role].pool_gib)} GiB / **{s[role].max_running}** / {s[role].kv_tokens:,}"
+                             f"{_gb(s[role].pool_gib)} GiB / **{s[role].max_running}** / "
+                             f"{s[role].kv_tokens:,}"
                              for s in singles]))
     return "\n".join(lines)
 

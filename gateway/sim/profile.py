@@ -107,7 +107,8 @@ class Profile:
         draft = base * self.draft_layer_fraction
         if steps == 0:
             return (base + draft) / 1000.0
-        extra = max(0.0, _interpolate(self.step_ms, batch) - _interpolate(self.base_step_ms, 2 * batch) - draft)
+        one_step = _interpolate(self.step_ms, batch)
+        extra = max(0.0, one_step - _interpolate(self.base_step_ms, 2 * batch) - draft)
         return (_interpolate(self.base_step_ms, batch * (steps + 1)) + steps * draft + extra) / 1000.0
 
     def prefill_step_s(self, tokens: int) -> float:

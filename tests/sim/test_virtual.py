@@ -6,7 +6,7 @@ import functools
 import pytest
 
 from gateway.sim.engine import QueueFullError, Request
-from gateway.sim.profile import load_profiles, seed_profiles
+from gateway.sim.profile import seed_profiles
 from gateway.sim.virtual import VirtualSim, run_seed_benchmark
 
 PROFILES = seed_profiles()  # the seed's single servers: the calibration target
