@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -34,8 +35,10 @@ from gateway.config import Settings, load_settings
 from tests.conftest import live_gateway
 from tests.live import serve_app
 from tests.test_deploy import (
+    GATEWAY_CONFIG_TARGET,
     SGLANG_ENTRYPOINT,
     SGLANG_SERVICES,
+    _dockerfile_instructions,
     _duration_s,
     _flag_list,
     _flags,
@@ -260,6 +263,18 @@ def test_gateway_replicas_probes_and_drain(docs, tmp_path, monkeypatch) -> None:
     assert pre_stop[0] == "sleep"
     drain_s = float(pre_stop[1]) + settings.timeouts.shutdown_grace_s + ABORT_WAIT_S
     assert pod["terminationGracePeriodSeconds"] > drain_s
+
+
+def test_gateway_pod_runs_the_image_as_built(docs) -> None:
+    """docker/Dockerfile's command and user: the pod must not ask the image for another."""
+    built = dict(_dockerfile_instructions())
+    pod = gateway_pod(docs)["spec"]
+    gw = container(pod, "gateway")
+    assert gw["command"] == json.loads(built["CMD"])
+    assert gw["command"][gw["command"].index("--config") + 1] == GATEWAY_CONFIG_TARGET
+    uid, gid = built["USER"].split(":")
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) \
+        == (int(uid), int(gid))
 
 
 def test_gateway_service_pdb_and_servicemonitor_select_it(docs, tmp_path, monkeypatch) -> None:
