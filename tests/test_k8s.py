@@ -328,6 +328,8 @@ def test_gateway_backends_reach_the_pair_servers(tmp_path, monkeypatch) -> None:
     pair = find(docs, "StatefulSet", "sglang-pair")
     headless = find(docs, "Service", pair["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None"
+    # The pod is ready only when both servers are: its DNS name must not wait for that.
+    assert headless["spec"]["publishNotReadyAddresses"] is True
     for role in ("mtp", "plain"):
         url = urlsplit(settings.backends.get(role).url)
         pod_name, service_name = url.hostname.split(".")
