@@ -2,7 +2,8 @@
 
     mtp-gateway bench --url http://127.0.0.1:8000 --workload chat --json out.json --plot out.png
     mtp-gateway bench --compare mtp=http://:30001 plain=http://:30002 gateway=http://:8000
-    mtp-gateway bench --sim --workload agentic            # gateway vs mtp-only vs plain-only
+    mtp-gateway bench --sim --workload agentic --hardware h200
+        # the pair through the gateway vs one plain, one MTP and one adaptive server owning the GPUs
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from gateway.bench import report
 from gateway.bench.levels import DEFAULT_LEVELS, LevelPlan, parse_levels, plan_levels
 from gateway.bench.progress import Progress
 from gateway.bench.stats import LevelResult
+from gateway.bench.targets import ALL_TARGETS, DEFAULT_TARGETS, POLICY_TARGETS
 from gateway.bench.workloads import WORKLOADS, make_workload
 from gateway.config import ConfigError, Routing, build_routing
+from gateway.sim.memory import DEFAULT_HARDWARE, HARDWARE
 from gateway.speed import add_speed_argument
 
 SIM_DURATION_S = 150.0
@@ -60,8 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_speed_argument(parser, reported=True)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     sim = parser.add_argument_group("--sim options")
-    sim.add_argument("--policy", action="append", choices=("crossover", "mtp-only", "plain-only"),
-                     help="policies to run (repeatable; default all three)")
+    sim.add_argument("--target", action="append", choices=ALL_TARGETS,
+                     help="targets to run (repeatable; default: " + ", ".join(DEFAULT_TARGETS) + "): "
+                          "the pair through the gateway, and single servers owning the GPUs")
+    sim.add_argument("--policy", action="append", choices=tuple(POLICY_TARGETS),
+                     help="the pair's servers under a policy (repeatable): crossover = gateway, "
+                          "mtp-only = pair-mtp-only, plain-only = pair-plain-only")
+    sim.add_argument("--hardware", choices=tuple(HARDWARE), default=DEFAULT_HARDWARE,
+                     help="GPUs whose memory sizes every server (default %(default)s)")
     sim.add_argument("--config", help="config file for the routing section (default ./config.yaml)")
     sim.add_argument("--profiles", help="simulator profiles YAML (default: the packaged ones)")
     sim.add_argument("--routing", action="append", metavar="KEY=VALUE", default=[],
@@ -110,25 +119,26 @@ def _method(plans: list[LevelPlan]) -> str:
 
 
 def _run_sim(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, list[LevelResult]], dict]:
-    from gateway.bench.virtual import POLICIES, run_virtual_sweep
+    from gateway.bench.targets import build_targets, caps, run_target_sweep
     from gateway.config import load_settings
     from gateway.sim.profile import load_profiles
 
     config = args.config or ("config.yaml" if Path("config.yaml").exists() else None)
     routing = _routing_with(load_settings(config).routing, args.routing)
-    profiles = load_profiles(args.profiles)
+    pair = load_profiles(args.profiles, hardware=args.hardware)
     plans = _plans(args, levels, sim=True)
-    policies = args.policy or list(POLICIES)
+    names = list(dict.fromkeys([*(args.target or []), *(POLICY_TARGETS[p] for p in args.policy or [])]))
+    targets = build_targets(names or DEFAULT_TARGETS, args.hardware, pair)
     progress = Progress(enabled=not args.no_progress)
-    progress.start("virtual sweep", len(plans) * len(policies))
-    results = run_virtual_sweep(lambda: make_workload(args.workload, args.seed, args.max_tokens), plans,
-                                routing, profiles, policies=policies,
-                                shared_device=not args.separate_devices, seed=args.seed,
-                                progress=lambda *_: progress.advance(),
-                                accept_drop=_accept_drop(args.accept_drop))
+    progress.start("virtual sweep", len(plans) * len(targets))
+    results = run_target_sweep(lambda: make_workload(args.workload, args.seed, args.max_tokens), plans,
+                               routing, targets, shared_device=not args.separate_devices, seed=args.seed,
+                               progress=lambda *_: progress.advance(),
+                               accept_drop=_accept_drop(args.accept_drop))
     progress.finish()
     meta = {"mode": "virtual time (simulator, no HTTP)", "workload": args.workload,
             "method": _method(plans), "routing": routing.model_dump(mode="json"),
+            "hardware": HARDWARE[args.hardware].label, "running_caps": caps(targets),
             "profiles": args.profiles or "packaged default", "shared_device": not args.separate_devices,
             "seed": args.seed, "max_tokens": args.max_tokens, "accept_drop": args.accept_drop}
     return results, meta
@@ -182,7 +192,15 @@ def _output(args: argparse.Namespace, results: dict[str, list[LevelResult]], met
             if sys.argv[1:2] == ["bench"] else None, **meta}
     print(f"## bench: {meta['workload']} workload, {meta['mode']}\n")
     print(f"Method: {meta['method']}.\n")
+    if meta.get("hardware"):
+        caps = "; ".join(f"{t} {', '.join(f'{b} {c}' for b, c in cs.items())}"
+                         for t, cs in meta["running_caps"].items())
+        print(f"Hardware: {meta['hardware']}, memory from gateway/sim/memory.py. Running caps: {caps}.\n")
     print(report.markdown_table(results))
+    rows = report.verdict(results)
+    if rows and len(results) > 1:
+        print("\nThe pair through the gateway against the best other target at each level:\n")
+        print(report.verdict_table(rows))
     if len(results) > 1:
         print("\nRatios against the best static target at each level (1.00 = as good as it):\n")
         print(report.ratios_table(report.ratios(results), list(results)))
@@ -190,7 +208,8 @@ def _output(args: argparse.Namespace, results: dict[str, list[LevelResult]], met
         report.write_json(args.json, results, meta)
         print(f"\nJSON: {args.json}", file=sys.stderr)
     if args.plot:
-        title = f"{meta['workload']} workload — {meta['mode']}"
+        title = f"{meta['workload']} workload — {meta['mode']}" + (
+            f"\n{meta['hardware']}" if meta.get("hardware") else "")
         if report.plot(args.plot, results, title):
             print(f"plot: {args.plot}", file=sys.stderr)
         else:

@@ -136,3 +136,42 @@ def plot(path: str | Path, results: Mapping[str, Sequence[LevelResult]], title: 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+# --- the pair against the single servers -------------------------------------------------------
+
+def verdict(results: Mapping[str, Sequence[LevelResult]], pair: str = "gateway") -> list[dict[str, Any]]:
+    """Per level: the pair's aggregate and user-visible per-request tok/s (tokens / e2e, queueing
+    included) against the best of the other targets on each figure, and who that is."""
+    if pair not in results:
+        return []
+    others = [t for t in results if t != pair]
+    by = {t: {r.concurrency: r for r in rs} for t, rs in results.items()}
+    rows = []
+    for r in results[pair]:
+        rivals = [by[t][r.concurrency] for t in others if r.concurrency in by[t]]
+        if not rivals:
+            continue
+        best_agg = max(rivals, key=lambda x: _val(x.aggregate_tps))
+        best_user = max(rivals, key=lambda x: _val(x.user_tps))
+        rows.append({"concurrency": r.concurrency,
+                     "pair_aggregate": r.aggregate_tps, "best_aggregate": best_agg.aggregate_tps,
+                     "best_aggregate_target": best_agg.target,
+                     "aggregate_ratio": _ratio(r.aggregate_tps, best_agg.aggregate_tps),
+                     "pair_user": r.user_tps, "best_user": best_user.user_tps,
+                     "best_user_target": best_user.target,
+                     "user_ratio": _ratio(r.user_tps, best_user.user_tps)})
+    return rows
+
+
+def verdict_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["| C | gateway aggregate tok/s | best single server | its aggregate | gateway / it "
+             "| gateway per-request tok/s (incl. queueing) | best single server | its per-request "
+             "| gateway / it |", "|" + "---|" * 9]
+    for row in rows:
+        lines.append(
+            f"| {row['concurrency']} | {_num(row['pair_aggregate'], 0)} | {row['best_aggregate_target']} "
+            f"| {_num(row['best_aggregate'], 0)} | {_fmt_ratio(row['aggregate_ratio'])} "
+            f"| {_num(row['pair_user'])} | {row['best_user_target']} | {_num(row['best_user'])} "
+            f"| {_fmt_ratio(row['user_ratio'])} |")
+    return "\n".join(lines)

@@ -159,9 +159,11 @@ def pair_profiles(hardware: str = memory.DEFAULT_HARDWARE) -> dict[str, Profile]
 
 
 def single_profile(role: str, hardware: str = memory.DEFAULT_HARDWARE,
-                   weights: str = memory.PAIR_WEIGHTS) -> Profile:
-    """One ``plain``, ``mtp`` or ``adaptive`` server owning the GPUs."""
-    timings = packaged_timings()
+                   weights: str = memory.PAIR_WEIGHTS,
+                   timings: Mapping[str, Profile] | None = None) -> Profile:
+    """One ``plain``, ``mtp`` or ``adaptive`` server owning the GPUs (step times from
+    ``timings``, default the packaged ones)."""
+    timings = timings or packaged_timings()
     sizing = memory.size_single(role, memory.HARDWARE[hardware], weights)
     base = adaptive_timing(timings) if role == "adaptive" else timings[role]
     return memory.with_sizing(base, sizing)
