@@ -542,13 +542,17 @@ class SimApp:
         if self.faults.faults.crash_after_chunks is not None and not stream:
             self.live.disconnect(job.rid)
             return CrashResponse()
-        # Like SGLang: wait for the first output before answering, so errors stay HTTP errors.
+        if stream and not api.kick_started:
+            # Messages, Responses and /generate hand their StreamingResponse over at once: the
+            # HTTP head (and Responses' created/in_progress) goes out before the first token.
+            events = self._stream(job, api.renderer(job), None, queue, started)
+            return StreamingResponse(events, media_type="text/event-stream")
+        # Chat and completions kick-start the stream: the head waits for the first output.
         try:
             first = await until_or_disconnect(queue.get(), request)
         except ClientGone:
-            # A Messages or Responses stream is already a StreamingResponse, cancelled at once;
-            # chat/completions (kick-started) and non-stream handlers notice when they wake.
-            self._client_gone(job.rid, queue, 0, stream, at_once=stream and not api.kick_started)
+            # Chat/completions (kick-started) and non-stream handlers notice when they wake.
+            self._client_gone(job.rid, queue, 0, stream)
             raise
         self.metrics.first_token(time.perf_counter() - started)
         if stream:
@@ -570,20 +574,24 @@ class SimApp:
         self,
         job: formats.Job,
         renderer: formats.Renderer,
-        output: Output,
+        output: Output | None,
         queue: asyncio.Queue[Output],
         started: float,
     ) -> AsyncIterator[bytes]:
+        """The stream's events from ``output``, the first one, or (None) from the start."""
         faults = self.faults.faults
         budget = _EventBudget(faults.crash_after_chunks, faults.error_after_chunks)
         abort_status = faults.abort_status or 500
         finished = False
-        last = time.perf_counter()
         try:
             for event in renderer.begin():
                 if budget.spend():
                     break
                 yield event
+            if output is None:
+                output = await queue.get()
+                self.metrics.first_token(time.perf_counter() - started)
+            last = time.perf_counter()
             while not budget.exhausted:
                 for event in renderer.output(output):
                     if budget.spend():
@@ -610,21 +618,18 @@ class SimApp:
             finished = True
         finally:
             if not finished:
+                # Starlette's disconnect listener cancelled the stream: the CancelledError reaches
+                # generate_request, which aborts at once (tokenizer_manager.py:958, :3850); its
+                # 2 s background abort (tokenizer_manager.py:2427) then finds nothing left.
                 self.live.disconnect(job.rid)
                 self._record(job, renderer.generated, "abort", started)
 
-    def _client_gone(self, rid: str, queue: asyncio.Queue[Output], generated: int, stream: bool,
-                     at_once: bool = False) -> None:  # fmt: skip
-        """When SGLang aborts a request whose client left. A running StreamingResponse is
-        cancelled by Starlette's disconnect listener, and the CancelledError reaches
-        generate_request, which aborts at once (tokenizer_manager.py:958, :3850); its 2 s
-        background abort (tokenizer_manager.py:2427) then finds nothing left. A handler still
-        waiting only looks when it wakes (tokenizer_manager.py:1960-1974): on an output (a
-        stream's first; a non-stream request's every 50th token, SGLANG_FORCE_STREAM_INTERVAL)
-        or after 4 s without one (SGLANG_REQUEST_STATE_WAIT_TIMEOUT)."""
-        if at_once:
-            self.live.disconnect(rid)
-            return
+    def _client_gone(self, rid: str, queue: asyncio.Queue[Output], generated: int, stream: bool) -> None:
+        """A handler still waiting when its client left (a kick-started stream before its first
+        token, a non-stream request) looks only when it wakes (tokenizer_manager.py:1960-1974):
+        on an output (a stream's first; a non-stream request's every 50th token,
+        SGLANG_FORCE_STREAM_INTERVAL) or after 4 s without one (SGLANG_REQUEST_STATE_WAIT_TIMEOUT).
+        A running StreamingResponse is another matter (see _stream's finally)."""
         watcher = asyncio.create_task(self._abort_when_noticed(rid, queue, generated, stream))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)

@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.sim.faults import Faults
 from gateway.sim.server import SimOptions, start_sim_pair
 from tests.sim.conftest import wait_until
 
@@ -214,3 +215,19 @@ async def test_messages_thinking_blocks_and_stream_shape(pair):
     thinking = "".join(d["delta"]["thinking"] for n, d in events if d.get("delta", {}).get("type") == "thinking_delta")
     assert thinking == whole.content[0].thinking
     assert events[-2][1]["usage"] == {"output_tokens": whole.usage.output_tokens}
+
+
+async def test_messages_and_responses_streams_answer_before_the_first_token(pair):
+    """No kick-start on these two (anth:_handle_streaming, http:2066): the 200 head, and the
+    Responses' created/in_progress events, come while the request still waits in the queue."""
+    server = pair.servers["plain"]
+    await server.set_faults(Faults(slow_factor=1000.0))  # no token soon
+    body = {"model": SERVED, "input": "hi", "stream": True}
+    async with httpx.AsyncClient() as http:
+        async with http.stream("POST", pair.urls["plain"] + "/v1/responses", json=body) as response:
+            assert response.status_code == 200
+            lines = response.aiter_lines()
+            assert [await anext(lines) for _ in range(2)][0] == "event: response.created"
+            assert server.live.engine.stats.generated_tokens == 0
+        async with http.stream("POST", pair.urls["plain"] + "/v1/messages", json={**MESSAGES, "stream": True}) as r:
+            assert r.status_code == 200 and server.live.engine.stats.generated_tokens == 0
