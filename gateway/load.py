@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.adaptive import CrossoverEstimator
-
 from gateway.config import BACKEND_NAMES, BackendName, Routing
 from gateway.policy import (
     BackendView,

@@ -362,6 +362,7 @@ class SimApp:
             greedy=body.get("temperature") == 0,
             include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
             tool_name=tool_name,
+            tool_id=formats.new_tool_call_id() if tool_name else "",
             start_error=self._lora_error(model),
             **extra,
         )
@@ -498,7 +499,7 @@ class SimApp:
         failure = self._failure_at_start(job)
         if failure is None:
             try:
-                engine_request = EngineRequest(job.rid, job.prompt_ids, len(job.plan.words), greedy=job.greedy)
+                engine_request = EngineRequest(job.rid, job.prompt_ids, len(job.plan.words), job.greedy)
                 queue = self.live.submit(engine_request)
             except QueueFullError:
                 failure = Failure(503, formats.QUEUE_FULL)
@@ -526,7 +527,10 @@ class SimApp:
         if failure.raised and api.kick_started:
             return api.refuse(RequestError(failure.message))
         renderer = api.renderer(job)
-        events = renderer.raised(failure.message) if failure.raised else renderer.abort(failure.status, failure.message)
+        if failure.raised:
+            events = renderer.raised(failure.message)
+        else:
+            events = renderer.abort(failure.status, failure.message)
         self._store(job, renderer)
         return StreamingResponse(replay(events), media_type="text/event-stream")
 

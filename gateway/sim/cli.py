@@ -30,6 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give each server its own simulated GPU (default: one shared GPU)",
     )  # fmt: skip
     parser.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (as SGLang)")
+    parser.add_argument("--admin-api-key", help="the key /abort_request then needs (as SGLang)")
+    parser.add_argument(
+        "--max-queued-requests", type=int, metavar="N",
+        help="SGLang's waiting-queue limit; beyond it a stream gets its error inside a 200, a "
+        "non-stream request a 503 (default: unbounded, or the profiles')",
+    )  # fmt: skip
+    parser.add_argument("--enable-response-store", action="store_true",
+                        help="keep /v1/responses for previous_response_id and GET (SGLang: off)")
+    parser.add_argument("--enable-request-header-overrides", action="store_true",
+                        help="read x-override-rid, as SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1")
     for name in ("mtp", "plain"):
         parser.add_argument(
             f"--{name}-faults", metavar="JSON", type=_faults,
@@ -56,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
     options = SimOptions(
         host=args.host, mtp_port=args.mtp_port, plain_port=args.plain_port, profiles=profiles,
         speed=args.speed, seed=args.seed, shared_device=args.shared_device,
-        api_key=args.api_key, faults=faults,
+        api_key=args.api_key, faults=faults, admin_api_key=args.admin_api_key,
+        max_queued_requests=args.max_queued_requests, enable_response_store=args.enable_response_store,
+        request_header_overrides=args.enable_request_header_overrides,
     )  # fmt: skip
     try:
         asyncio.run(_serve(options))

@@ -46,8 +46,7 @@ class Job:
     greedy: bool = False
     include_usage: bool = False
     tool_name: str | None = None
-    # serving_chat.py:3139: a fresh "call_" + 24 hex digits of a uuid4 per tool call.
-    tool_id: str = field(default_factory=lambda: new_tool_call_id())
+    tool_id: str = ""  # set with tool_name: new_tool_call_id()
     echo: dict[str, Any] = field(default_factory=dict)  # request fields a Responses body repeats
     start_error: str | None = None  # what generate_request raises before any output (a 400)
     store: bool = False  # a Responses request kept in the server's response store
@@ -68,6 +67,7 @@ class Job:
 
 
 def new_tool_call_id() -> str:
+    """serving_chat.py:3139: a fresh "call_" + 24 hex digits of a uuid4 per tool call."""
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
@@ -524,7 +524,8 @@ def responses_body(job: Job, output: list[dict[str, Any]], status: str,
     usage = None
     if tokens is not None:
         prompt, completion = tokens
-        usage = {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        usage = {"input_tokens": prompt,
+                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                  "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
                  "total_tokens": prompt + completion}  # fmt: skip
     echo = job.echo
@@ -534,7 +535,8 @@ def responses_body(job: Job, output: list[dict[str, Any]], status: str,
         "output": output, "status": status, "usage": usage,
         "parallel_tool_calls": echo.get("parallel_tool_calls", True),
         "tool_choice": echo.get("tool_choice", "auto"), "tools": echo.get("tools", []),
-        "error": error, "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": echo.get("instructions"), "max_output_tokens": echo.get("max_output_tokens"),
         "previous_response_id": echo.get("previous_response_id"),
         "reasoning": {"effort": None, "summary": None}, "store": echo.get("store", True),
@@ -626,7 +628,8 @@ class GenerateRenderer(Renderer):
             return {}
         proposed = self._verify_ct * (self._draft_tokens - 1)
         correct = max(self.generated - 1 - self._verify_ct, 0)  # the prefill token is no draft
-        return {"spec_accept_rate": correct / proposed, "spec_accept_length": self.generated / self._verify_ct,
+        return {"spec_accept_rate": correct / proposed,
+                "spec_accept_length": self.generated / self._verify_ct,
                 "spec_num_correct_drafts": correct, "spec_num_proposed_drafts": proposed,
                 "spec_verify_ct": self._verify_ct}  # fmt: skip
 
@@ -641,8 +644,8 @@ class GenerateRenderer(Renderer):
 
     def raised(self, message: str) -> list[bytes]:
         """http_server.py:960: the ValueError as an error event, then [DONE]."""
-        error = {"error": {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}}
-        return [b"data: " + compact(error).encode() + b"\n\n", DONE]
+        error = {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}
+        return [b"data: " + compact({"error": error}).encode() + b"\n\n", DONE]
 
 
 def generate_finish(job: Job, engine_reason: str) -> dict[str, Any]:

@@ -31,7 +31,8 @@ async def read_json(request: Request, require_json_type: bool = True) -> dict[st
     validate_json_request (http_server.py:687; /generate does not)."""
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if require_json_type and media_type != "application/json":
-        raise RequestError("Unsupported Media Type: Only 'application/json' is allowed", err_type="Bad Request")
+        message = "Unsupported Media Type: Only 'application/json' is allowed"
+        raise RequestError(message, err_type="Bad Request")
     try:
         body = json.loads(await request.body())
     except ValueError as exc:
@@ -113,7 +114,8 @@ def anthropic_chosen_tool(tools: list[dict[str, Any]], tool_choice: Any, user_sp
     none -> no tool; any/tool without a custom tool is a 400."""
     kind = "auto"
     if tool_choice is not None:
-        if not isinstance(tool_choice, dict) or tool_choice.get("type") not in ("auto", "any", "tool", "none"):
+        kinds = ("auto", "any", "tool", "none")
+        if not isinstance(tool_choice, dict) or tool_choice.get("type") not in kinds:
             raise ValueError("tool_choice: type must be one of 'auto', 'any', 'tool', 'none'")
         kind = tool_choice["type"]
     names = [tool["name"] for tool in tools]
@@ -152,7 +154,8 @@ def responses_chosen_tool(tools: Any, tool_choice: Any, given: Any) -> str | Non
     serving_responses.py:350-367."""
     if not isinstance(tools, list):
         raise ValueError("tools: Input should be a valid list")
-    names = [str(t.get("name")) for t in tools if isinstance(t, dict) and t.get("type") in ("function", "custom")]
+    callable_tools = [t for t in tools if isinstance(t, dict) and t.get("type") in ("function", "custom")]
+    names = [str(t.get("name")) for t in callable_tools]
     if tool_choice == "required" and not names:
         raise ValueError('tool_choice="required" requires at least one tool with type="function" or '
                          'type="custom"; other built-in tool types cannot be forced.')  # fmt: skip
@@ -180,6 +183,7 @@ def last_is_user(messages: Any) -> bool:
         return False
     last = messages[-1]
     content = last.get("content")
-    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "tool_result" for p in content):
-        return False
+    if isinstance(content, list):
+        if any(isinstance(part, dict) and part.get("type") == "tool_result" for part in content):
+            return False
     return last.get("role") == "user"

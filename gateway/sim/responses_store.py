@@ -34,8 +34,8 @@ class ResponsesStore:
         if not self.enabled:
             raise RequestError(STORE_DISABLED, err_type="invalid_request_error", param=param)
         if not response_id.startswith("resp_"):
-            raise RequestError(f"Invalid 'response_id': '{response_id}'. Expected an ID that begins "
-                               "with 'resp'.", err_type="invalid_request_error", param="response_id")  # fmt: skip
+            message = f"Invalid 'response_id': '{response_id}'. Expected an ID that begins with 'resp'."
+            raise RequestError(message, err_type="invalid_request_error", param="response_id")
         body = self._bodies.get(response_id)
         if body is None:
             raise RequestError(f"Response with id '{response_id}' not found.", 404,

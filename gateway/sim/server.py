@@ -87,7 +87,8 @@ class SimServer:
         self.app = SimApp(identity, self.live, self.faults, options.enable_response_store,
                           options.request_header_overrides)
         config = uvicorn.Config(
-            self.app.build(options.api_key, options.admin_api_key), lifespan="off", log_level=options.log_level,
+            self.app.build(options.api_key, options.admin_api_key), lifespan="off",
+            log_level=options.log_level,
             access_log=False, timeout_graceful_shutdown=1,
         )  # fmt: skip
         self._uvicorn = _Server(config)

@@ -158,6 +158,7 @@ def responses_prompt_text(given: Any) -> str:
         elif item.get("type") == "function_call_output":
             parts.append(f"<|im_start|>tool {item.get('output', '')}<|im_end|>")
         else:
-            parts.append(f"<|im_start|>assistant {item.get('type', 'item')} {item.get('arguments', '')}<|im_end|>")
+            call = f"{item.get('type', 'item')} {item.get('arguments', '')}"
+            parts.append(f"<|im_start|>assistant {call}<|im_end|>")
     parts.append("<|im_start|>assistant")
     return "\n".join(parts)

@@ -35,10 +35,12 @@ async def test_an_abort_before_the_first_token_is_an_error_inside_a_200_on_every
     url = pair.urls["mtp"]
     async with httpx.AsyncClient() as http:
         chat = await http.post(url + "/v1/chat/completions", json={**CHAT, "stream": True, "rid": "c1"})
+        usage = {"include_usage": True}
         completion = await http.post(url + "/v1/completions", json={
-            "model": "m", "prompt": "go", "stream": True, "rid": "p1", "stream_options": {"include_usage": True}})
+            "model": "m", "prompt": "go", "stream": True, "rid": "p1", "stream_options": usage})
         messages = await http.post(url + "/v1/messages", json={**MESSAGES, "stream": True})
-        responses = await http.post(url + "/v1/responses", json={"model": SERVED, "input": "hi", "stream": True})
+        responses = await http.post(url + "/v1/responses",
+                                    json={"model": SERVED, "input": "hi", "stream": True})  # fmt: skip
     for response in (chat, completion, messages, responses):
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -47,7 +49,8 @@ async def test_an_abort_before_the_first_token_is_an_error_inside_a_200_on_every
     assert chat.text == error + "data: [DONE]\n\n"
     assert re.fullmatch(re.escape(error) + r'data: {"id":"p1","object":"text_completion","created":\d+,'
                         r'"model":"m","choices":\[\],"usage":{"prompt_tokens":0,"total_tokens":0,'
-                        r'"completion_tokens":0,"reasoning_tokens":0}}\n\ndata: \[DONE\]\n\n', completion.text)
+                        r'"completion_tokens":0,"reasoning_tokens":0}}\n\ndata: \[DONE\]\n\n',
+                        completion.text)  # fmt: skip
     # anthropic/serving.py _flush_on_error: message_start, error, message_stop; never [DONE].
     events = events_of(messages.text)
     assert [name for name, _ in events] == ["message_start", "error", "message_stop"]
@@ -57,7 +60,8 @@ async def test_an_abort_before_the_first_token_is_an_error_inside_a_200_on_every
     # serving_responses.py: created, in_progress, then response.failed with the message.
     events = events_of(responses.text)
     assert [name for name, _ in events] == ["response.created", "response.in_progress", "response.failed"]
-    assert events[2][1]["response"]["error"] == {"code": "server_error", "message": "Simulated abort (sim fault)."}
+    failure = {"code": "server_error", "message": "Simulated abort (sim fault)."}
+    assert events[2][1]["response"]["error"] == failure
     assert [data["sequence_number"] for _, data in events] == [0, 1, 2]
 
 
@@ -82,8 +86,9 @@ async def test_non_stream_aborts_get_each_apis_error(pair):
         chat = await http.post(url + "/v1/chat/completions", json=CHAT)
         messages = await http.post(url + "/v1/messages", json=MESSAGES)
         responses = await http.post(url + "/v1/responses", json={"model": SERVED, "input": "hi"})
-    assert (chat.status_code, chat.json()) == (503, {
-        "object": "error", "message": "Simulated abort (sim fault).", "type": "503", "param": None, "code": 503})
+    flat = {"object": "error", "message": "Simulated abort (sim fault).", "type": "503", "param": None,
+            "code": 503}  # fmt: skip
+    assert (chat.status_code, chat.json()) == (503, flat)
     # 5xx messages are scrubbed on /v1/messages (anthropic/serving.py _scrub_error_message).
     assert (messages.status_code, messages.json()) == (503, {
         "type": "error", "error": {"type": "overloaded_error", "message": "Internal server error"}})

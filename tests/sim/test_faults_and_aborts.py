@@ -40,7 +40,8 @@ async def test_a_waiting_handler_notices_a_gone_client_when_it_wakes():
     speed = 4
     plain = dataclasses.replace(load_profiles()["plain"], max_running_requests=1)
     options = SimOptions(speed=speed, profiles={**load_profiles(), "plain": plain})
-    messages = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    messages = {"model": "m", "max_tokens": 50, "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
     async with start_sim_pair(options) as pair, httpx.AsyncClient() as http:
         url = pair.urls["plain"]
         async with http.stream("POST", url + "/v1/completions", json=LONG) as holder:
@@ -101,13 +102,15 @@ async def test_abort_request_needs_the_admin_key_when_one_is_set():
     async with start_sim_pair(options) as pair, httpx.AsyncClient() as http:
         url = pair.urls["plain"]
         user, admin = ({"Authorization": f"Bearer {key}"} for key in ("user", "admin"))
-        async with http.stream("POST", url + "/v1/completions", json={**LONG, "rid": "r1"}, headers=user) as r:
+        body = {**LONG, "rid": "r1"}
+        async with http.stream("POST", url + "/v1/completions", json=body, headers=user) as r:
             lines = r.aiter_lines()
             await anext(lines)
             refused = await http.post(url + "/abort_request", json={"rid": "r1"}, headers=user)
             assert (refused.status_code, refused.json()) == (401, {"error": "Unauthorized"})
             assert (await http.get(url + "/v1/models", headers=admin)).status_code == 401
-            assert (await http.post(url + "/abort_request", json={"rid": "r1"}, headers=admin)).status_code == 200
+            allowed = await http.post(url + "/abort_request", json={"rid": "r1"}, headers=admin)
+            assert allowed.status_code == 200
             await wait_until(lambda: _freed(http, url, user))
 
 

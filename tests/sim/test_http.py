@@ -179,7 +179,8 @@ async def test_anthropic_messages_stream_and_non_stream(pair):
 async def test_responses_api_stream_and_non_stream(pair):
     client = openai_client(pair.urls["plain"])
     whole = await client.responses.create(model=SERVED, input="hello there", max_output_tokens=300)
-    stream = await client.responses.create(model=SERVED, input="hello there", max_output_tokens=300, stream=True)
+    stream = await client.responses.create(model=SERVED, input="hello there", max_output_tokens=300,
+                                           stream=True)  # fmt: skip
     events = [e async for e in stream]
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == whole.output_text

@@ -29,7 +29,8 @@ async def test_generate_stream_and_non_stream(pair):
     chunks = chunks_of(raw)
     # cumulative text and ids (bench_serving reads data["text"] as the text so far)
     assert chunks[-1]["text"] == whole["text"] and chunks[-1]["output_ids"] == whole["output_ids"]
-    assert all(later["text"].startswith(earlier["text"]) for earlier, later in zip(chunks, chunks[1:]))
+    texts = [chunk["text"] for chunk in chunks]
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False))
     assert [c["meta_info"]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 40}
     # MTP: per-request acceptance, which bench_serving reports as the accept length
@@ -46,10 +47,12 @@ async def test_generate_in_200_abort_and_errors(pair):
         empty = await http.post(url, json={"sampling_params": {}})
     assert streamed.status_code == 200
     meta = chunks_of(streamed.text)[0]["meta_info"]
-    assert meta["finish_reason"] == {"type": "abort", "status_code": 503, "message": "Simulated abort (sim fault)."}
+    abort = {"type": "abort", "status_code": 503, "message": "Simulated abort (sim fault)."}
+    assert meta["finish_reason"] == abort
     assert (whole.status_code, whole.json()["type"]) == (503, "503")
     assert empty.status_code == 400
-    assert empty.json() == {"error": {"message": "Either text, input_ids or input_embeds should be provided."}}
+    missing = "Either text, input_ids or input_embeds should be provided."
+    assert empty.json() == {"error": {"message": missing}}
 
 
 async def test_header_rid_override_only_when_enabled():
@@ -67,7 +70,7 @@ async def test_header_rid_override_only_when_enabled():
                     assert ("claude-1" in engine) is enabled
                     await http.post(url + "/abort_request", json={"rid": "claude-1"})
                     if enabled:
-                        await wait_until(lambda: engine.num_running == 0)
+                        await wait_until(lambda e=engine: e.num_running == 0)
                     else:
                         assert engine.num_running == 1
 
@@ -77,7 +80,8 @@ async def test_tokenize_counts_what_usage_counts_and_detokenize_inverts(pair):
     messages = [{"role": "user", "content": "count these words"}]
     async with httpx.AsyncClient() as http:
         tokens = (await http.post(url + "/v1/tokenize", json={"model": "m", "prompt": "a b c a"})).json()
-        text = (await http.post(url + "/v1/detokenize", json={"model": "m", "tokens": tokens["tokens"]})).json()
+        ids = {"model": "m", "tokens": tokens["tokens"]}
+        text = (await http.post(url + "/v1/detokenize", json=ids)).json()
         chat = (await http.post(url + "/v1/tokenize", json={"model": "m", "messages": messages})).json()
         answer = (await http.post(url + "/v1/chat/completions", json={"model": "m", "messages": messages,
                                                                       "max_tokens": 5})).json()  # fmt: skip
@@ -85,4 +89,5 @@ async def test_tokenize_counts_what_usage_counts_and_detokenize_inverts(pair):
     assert tokens["count"] == 4 and tokens["tokens"][0] == tokens["tokens"][3]
     assert tokens["max_model_len"] > 0 and text == {"text": "a b c a"}
     assert chat["count"] == answer["usage"]["prompt_tokens"]
-    assert embeddings.status_code == 400 and "not appear to be an embedding model" in embeddings.json()["message"]
+    assert embeddings.status_code == 400
+    assert "not appear to be an embedding model" in embeddings.json()["message"]

@@ -46,8 +46,8 @@ async def test_responses_checks_the_model(pair):
     client = oai(pair.urls["mtp"])
     with pytest.raises(openai.NotFoundError) as caught:
         await client.responses.create(model="gpt-4o", input="hi")
-    assert caught.value.body == {"message": "The model 'gpt-4o' does not exist", "type": "invalid_request_error",
-                                 "param": "model", "code": 404}  # fmt: skip
+    assert caught.value.body == {"message": "The model 'gpt-4o' does not exist",
+                                 "type": "invalid_request_error", "param": "model", "code": 404}  # fmt: skip
     answer = await client.responses.create(model=SERVED, input="hi", max_output_tokens=300)
     assert answer.status == "completed" and answer.output_text
     async with httpx.AsyncClient() as http:  # no model: whatever is loaded
@@ -71,7 +71,8 @@ async def test_messages_errors_use_the_anthropic_envelope(pair):
 @pytest.mark.parametrize("value", [True, "true", "True", 1, "1", "yes", "on"])
 async def test_stream_flag_is_read_as_pydantic_reads_a_bool(pair, value):
     async with httpx.AsyncClient() as http:
-        response = await http.post(pair.urls["plain"] + "/v1/chat/completions", json={**CHAT, "stream": value})
+        url = pair.urls["plain"] + "/v1/chat/completions"
+        response = await http.post(url, json={**CHAT, "stream": value})
     assert response.headers["content-type"].startswith("text/event-stream")
     assert response.text.endswith("data: [DONE]\n\n")
 
@@ -120,8 +121,8 @@ async def test_tool_call_ids_are_fresh_per_call(pair):
     tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
     ids = set()
     for rid in ("gateway-0001", "gateway-0002", "gateway-0003"):  # rids sharing a prefix
-        answer = await client.chat.completions.create(**{**CHAT, "max_tokens": 300}, tools=tools,
-                                                      tool_choice="required", extra_body={"rid": rid})  # fmt: skip
+        answer = await client.chat.completions.create(
+            **{**CHAT, "max_tokens": 300}, tools=tools, tool_choice="required", extra_body={"rid": rid})
         ids.add(answer.choices[0].message.tool_calls[0].id)
     assert len(ids) == 3 and all(i.startswith("call_") and len(i) == 29 for i in ids)
     json.loads(answer.choices[0].message.tool_calls[0].function.arguments)
@@ -197,7 +198,8 @@ async def test_messages_thinking_blocks_and_stream_shape(pair):
     body = {**MESSAGES, "max_tokens": 400, "thinking": {"type": "enabled", "budget_tokens": 1024}}
     async with httpx.AsyncClient() as http:
         raw = (await http.post(pair.urls["plain"] + "/v1/messages", json={**body, "stream": True})).text
-    events = [(block.split("\n")[0][7:], json.loads(block.split("\n")[1][6:])) for block in raw.split("\n\n")[:-1]]
+    blocks = [block.split("\n") for block in raw.split("\n\n")[:-1]]
+    events = [(lines[0][7:], json.loads(lines[1][6:])) for lines in blocks]
     names = [name for name, _ in events]
     assert all(name == data["type"] for name, data in events)
     assert names[:3] == ["message_start", "content_block_start", "content_block_delta"]
@@ -212,7 +214,8 @@ async def test_messages_thinking_blocks_and_stream_shape(pair):
     claude = anthropic.AsyncAnthropic(base_url=pair.urls["plain"], api_key="x", max_retries=0)
     whole = await claude.messages.create(**body)
     assert [c.type for c in whole.content] == ["thinking", "text"]
-    thinking = "".join(d["delta"]["thinking"] for n, d in events if d.get("delta", {}).get("type") == "thinking_delta")
+    deltas = [d["delta"] for _, d in events if d["type"] == "content_block_delta"]
+    thinking = "".join(d["thinking"] for d in deltas if d["type"] == "thinking_delta")
     assert thinking == whole.content[0].thinking
     assert events[-2][1]["usage"] == {"output_tokens": whole.usage.output_tokens}
 
@@ -229,5 +232,6 @@ async def test_messages_and_responses_streams_answer_before_the_first_token(pair
             lines = response.aiter_lines()
             assert [await anext(lines) for _ in range(2)][0] == "event: response.created"
             assert server.live.engine.stats.generated_tokens == 0
-        async with http.stream("POST", pair.urls["plain"] + "/v1/messages", json={**MESSAGES, "stream": True}) as r:
+        url = pair.urls["plain"] + "/v1/messages"
+        async with http.stream("POST", url, json={**MESSAGES, "stream": True}) as r:
             assert r.status_code == 200 and server.live.engine.stats.generated_tokens == 0
