@@ -39,6 +39,8 @@ PROXY_PATHS: dict[str, str | None] = {
     "/v1/detokenize": None,
     "/generate": None,  # SGLang's native API: text, input_ids or input_embeds
 }
+# Paths SGLang also serves on PUT (http_server.py:928, :2101): the same handler as POST.
+PUT_PATHS = frozenset({"/generate", "/v1/rerank"})
 # Where SGLang takes a request id from the body, and under which name. /v1/responses uses
 # its `request_id` as the rid and as the response's id (serving_responses.py:592, protocol.py:1973).
 RID_FIELDS = {"/v1/chat/completions": "rid", "/v1/completions": "rid", "/generate": "rid",

@@ -40,7 +40,14 @@ from gateway.errors import (
     UpstreamTimeout,
     openai_shaped,
 )
-from gateway.inbound import Headers, Inbound, bearer_token, parse_inbound, upstream_headers
+from gateway.inbound import (
+    PUT_PATHS,
+    Headers,
+    Inbound,
+    bearer_token,
+    parse_inbound,
+    upstream_headers,
+)
 from gateway.load import Lease, Router, SessionMap
 from gateway.metrics import GatewayMetrics
 from gateway.monitor import CircuitBreaker
@@ -160,8 +167,9 @@ class ProxyEndpoint:
         settings = self.get_settings()
         api = api_of(scope["path"])
         try:
-            if scope["method"] != "POST":
-                raise _method_not_allowed()
+            if scope["method"] != "POST" and not (
+                    scope["method"] == "PUT" and scope["path"] in PUT_PATHS):
+                raise _method_not_allowed(scope["path"])
             headers: Headers = scope["headers"]
             self.check_client_key(headers, settings)
             body = await _read_body(receive, settings.limits.max_body_bytes,
@@ -551,7 +559,8 @@ class ProxyEndpoint:
             target = settings.backends.get(backend)
             headers = upstream_headers(client_headers, target.api_key)
             try:
-                async with asyncio.timeout(settings.timeouts.first_byte_s):
+                # A backend silent for idle_s is stuck: the next one is asked.
+                async with asyncio.timeout(settings.timeouts.idle_s):
                     response = await self.upstream.send(method, target.url + path, headers,
                                                         b"" if method == "POST" else None)
                     try:
@@ -584,8 +593,9 @@ def _key_matches(given: str | None, keys: tuple[str, ...]) -> bool:
     return any([hmac.compare_digest(candidate, key.encode()) for key in keys])
 
 
-def _method_not_allowed() -> GatewayError:
-    return MethodNotAllowed("method not allowed; use POST", headers={"allow": "POST"})
+def _method_not_allowed(path: str) -> GatewayError:
+    allowed = "POST, PUT" if path in PUT_PATHS else "POST"
+    return MethodNotAllowed(f"method not allowed; use {allowed}", headers={"allow": allowed})
 
 
 async def _read_body(receive: Receive, limit: int, idle_s: float) -> bytes:

@@ -36,6 +36,13 @@ _LEAD_IN = {
 _ERROR_EVENT = {ANTHROPIC: b"event: error", RESPONSES: b"event: response.failed"}
 _OPEN_BLOCK = re.compile(rb'"type":\s*"content_block_(start|delta|stop)",\s*"index":\s*(\d+)')
 _SEQUENCE = re.compile(rb'"sequence_number":\s*(\d+)')
+# An error event's first line, anchored at a line start: inside JSON a newline is escaped, so
+# a model that writes "event: error" in its text cannot look like one.
+_ENDS_IN_ERROR = {
+    ANTHROPIC: re.compile(rb"^event: error\r?$", re.M),
+    RESPONSES: re.compile(rb"^event: response\.failed\r?$", re.M),
+}
+_OPENAI_ERROR = re.compile(rb'^data: ?\{"error"', re.M)
 
 
 def leads_in(api: str, event: bytes) -> bool:
@@ -104,9 +111,7 @@ def ending(api: str, exc: GatewayError, recent: bytes, *, response_id: str | Non
 
 def ends_in_error(api: str, recent: bytes) -> bool:
     """The stream that just ended reported an error of its own near its end."""
-    if api in _ERROR_EVENT:
-        return _ERROR_EVENT[api] in recent
-    return b'data: {"error"' in recent
+    return (_ENDS_IN_ERROR.get(api) or _OPENAI_ERROR).search(recent) is not None
 
 
 def _sse(name: str, data: dict[str, Any]) -> bytes:

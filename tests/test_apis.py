@@ -436,8 +436,13 @@ async def test_generate_is_relayed_and_routed_like_the_rest() -> None:
         assert whole.headers["x-gateway-route-reason"] == "below_crossover"
         streamed = await post_raw(gateway, "/generate", {"text": "hi", "stream": True})
         assert streamed.content.endswith(b"data: [DONE]\n\n") and b"Hello there" in streamed.content
+        async with httpx.AsyncClient() as client:  # SGLang serves /generate on PUT too
+            put = await client.put(gateway.url + "/generate", json={"text": "hi"})
+            assert put.status_code == 200 and put.json()["text"] == "Hello there"
+            wrong = await client.patch(gateway.url + "/generate", json={"text": "hi"})
+            assert wrong.status_code == 405 and wrong.headers["allow"] == "POST, PUT"
         sent = backends["mtp"].requests_to("/generate")
-        assert len(sent) == 2 and all(r.json["rid"] for r in sent)  # abortable
+        assert len(sent) == 3 and all(r.json["rid"] for r in sent)  # abortable
 
 
 @pytest.mark.timeout(30)
@@ -498,3 +503,19 @@ async def test_anthropic_sdk_through_the_gateway_stream_and_not() -> None:
         assert text.strip() == "Hello there"
         await asyncio.gather(*(client.messages.create(**MESSAGES) for _ in range(3)))
         await settled(gateway, 0)
+
+
+@pytest.mark.timeout(30)
+async def test_a_model_writing_error_event_text_is_not_a_failure() -> None:
+    """Only a line that starts an SSE field counts: text the model writes is JSON-escaped."""
+    async with scripted_pair() as (gateway, backends):
+        backends["mtp"].script = anthropic_events('event: error\n data: {"error": 1}')
+        response = await post_raw(gateway, "/v1/messages", {**MESSAGES, "stream": True})
+        assert response.content == b"".join(backends["mtp"].script)
+        backends["mtp"].script = chat_events('data: {"error": "no"}')
+        response = await post_raw(gateway, "/v1/chat/completions", {**CHAT, "stream": True})
+        assert response.content == b"".join(backends["mtp"].script)
+        async with httpx.AsyncClient() as client:
+            metrics = (await client.get(gateway.url + "/metrics")).text
+        errors = [line for line in metrics.splitlines() if line.startswith("gateway_upstream_errors_total")]
+        assert errors == [] and gateway.runtime.breaker.failures["mtp"] == 0, errors

@@ -33,7 +33,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.apis import ANTHROPIC, api_of
 from gateway.app import create_app
-from gateway.inbound import PROXY_PATHS
+from gateway.inbound import PROXY_PATHS, PUT_PATHS
 from gateway.server import uvicorn_config
 from gateway.sim.faults import Faults
 from gateway.sim.server import SimOptions, start_sim_pair
@@ -251,7 +251,8 @@ def unknown_path(draw: st.DrawFn) -> Bad:
 @st.composite
 def wrong_method(draw: st.DrawFn) -> Bad:
     path = draw(st.sampled_from([*PROXY, *GET_ROUTES, "/admin/routing"]))
-    allowed = {"POST"} if path in PROXY_PATHS else {"PUT"} if path == "/admin/routing" else {"GET", "HEAD"}
+    allowed = ({"POST", "PUT"} if path in PUT_PATHS else {"POST"} if path in PROXY_PATHS
+               else {"PUT"} if path == "/admin/routing" else {"GET", "HEAD"})
     methods = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"]
     method = draw(st.sampled_from([m for m in methods if m not in allowed]))
     return bad("wrong_method", path, json.dumps(valid_body(path)).encode(), {405}, method=method)

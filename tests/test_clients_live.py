@@ -184,7 +184,7 @@ async def test_a_disconnect_frees_the_backend_slot_at_once(path: str) -> None:
             return sum(rank["num_running_reqs"] + rank["num_waiting_reqs"] for rank in loads)
 
         while await running():
-            assert time.monotonic() - left < 1.0, "not freed before SGLang's own 2 s abort"
+            assert time.monotonic() - left < 1.5, "not freed before SGLang's own 2 s abort"
             await asyncio.sleep(0.005)
         await settled(gateway, 0)
 
