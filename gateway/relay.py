@@ -119,9 +119,10 @@ def _judged_by_retry(exc: UpstreamError) -> bool:
     return isinstance(exc, UpstreamStatus | UpstreamRefused)
 
 
-def _as_sent(exc: UpstreamError) -> tuple[UpstreamResponse, bytes]:
+def _as_sent(exchange: Exchange, exc: UpstreamError) -> tuple[UpstreamResponse, bytes]:
     """A refusal in a stream reaches the client as the backend sent it; the rest is raised."""
     if isinstance(exc, UpstreamRefused):
+        exchange.refused = True
         return exc.response, exc.head
     raise exc
 
@@ -270,8 +271,7 @@ class ProxyEndpoint:
             first, fallback = lease.backend, other(lease.backend)
             if exchange.committed or not self.router.health[fallback].accepting:
                 self._count_failure(first, exc)
-                exchange.refused = True
-                return _as_sent(exc)
+                return _as_sent(exchange, exc)
             self.metrics.retries.labels(first, fallback).inc()
             log.warning("retrying on %s after %s from %s", fallback, exc.kind, first)
             lease.move_to(fallback)
@@ -286,8 +286,7 @@ class ProxyEndpoint:
                 request_at_fault = _judged_by_retry(exc) and _judged_by_retry(again)
                 first_to_blame = not request_at_fault
                 self._count_failure(fallback, again, against_circuit=not request_at_fault)
-                exchange.refused = True
-                return _as_sent(again)
+                return _as_sent(exchange, again)
             finally:
                 self._count_failure(first, exc, against_circuit=first_to_blame)
 
