@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,9 @@ from starlette.responses import Response
 from gateway.config import ConfigError, Settings, build_settings, read_yaml
 from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
 from gateway.inbound import PROXY_PATHS
-from gateway.load import Router
 from gateway.metrics import GatewayMetrics
-from gateway.monitor import CircuitBreaker, Monitor
+from gateway.monitor import Monitor
+from gateway.pool import Pool
 from gateway.relay import ProxyEndpoint
 from gateway.routes import router as api_routes
 from gateway.upstream import Upstream
@@ -36,20 +37,21 @@ class Runtime:
                  config_path: Path | None) -> None:
         self.settings = settings
         self.config_path = config_path
-        self.router = Router(settings.routing, loads_max_age_s=settings.monitor.backend_loads_max_age_s,
-                             use_backend_loads=settings.monitor.use_backend_loads)
-        self.metrics = GatewayMetrics(registry, self.router)
+        self.pool = Pool.from_settings(settings, time.monotonic())
+        self.metrics = GatewayMetrics(registry, self.pool)
         self.upstream = Upstream(connect_timeout_s=settings.timeouts.connect_s)
-        self.breaker = CircuitBreaker(self.router, settings.monitor.circuit_failures,
-                                      settings.monitor.circuit_open_s)
-        self.monitor = Monitor(settings, self.router, self.upstream)
-        self.proxy = ProxyEndpoint(lambda: self.settings, self.router, self.upstream, self.metrics,
-                                   self.breaker)
+        self.monitor = Monitor(settings, self.pool, self.upstream)
+        self.proxy = ProxyEndpoint(lambda: self.settings, self.pool, self.upstream, self.metrics)
 
     def apply_routing(self, settings: Settings) -> None:
-        """Swap in a new routing section; the next decision uses it."""
-        self.settings = self.settings.model_copy(update={"routing": settings.routing})
-        self.router.update_routing(settings.routing)
+        """Swap in a new routing section (and the pairs' own routing values, when the pairs
+        are the same servers): `settings` is where they live; each pair's routing is derived
+        from them and the next decision uses it."""
+        update: dict[str, Any] = {"routing": settings.routing}
+        if _servers(settings) == _servers(self.settings):
+            update["pairs"] = settings.pairs
+        self.settings = self.settings.model_copy(update=update)
+        self.pool.apply_routing(self.settings)
 
     async def watch_config(self, every_s: float = 1.0) -> None:
         """Hot reload: apply a changed routing section; keep the old one on a bad edit."""
@@ -72,15 +74,26 @@ class Runtime:
         except ConfigError as exc:
             log.error("config reload rejected, keeping the running settings: %s", exc)
             return False
-        if fresh.routing != self.settings.routing:
+        pairs_retuned = (_servers(fresh) == _servers(self.settings)
+                         and _pair_routing(fresh) != _pair_routing(self.settings))
+        if fresh.routing != self.settings.routing or pairs_retuned:
             self.apply_routing(fresh)
             log.warning("routing reloaded from %s: %s", self.config_path, fresh.routing)
         ignored = [k for k in ("listen", "backends", "timeouts", "limits", "auth", "monitor",
-                                 "log")
-                   if getattr(fresh, k) != getattr(self.settings, k)]
+                                 "log") if getattr(fresh, k) != getattr(self.settings, k)]
+        if _servers(fresh) != _servers(self.settings):
+            ignored.append("pairs")
         if ignored:
             log.warning("config sections %s changed; they take effect on restart", ignored)
         return True
+
+
+def _servers(settings: Settings) -> list[tuple[str, object, object]]:
+    return [(p.name, p.mtp, p.plain) for p in settings.pairs]
+
+
+def _pair_routing(settings: Settings) -> list[dict[str, Any]]:
+    return [p.routing for p in settings.pairs]
 
 
 class GatewayApp:
@@ -119,7 +132,6 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None,
             await asyncio.gather(*tasks, return_exceptions=True)
             if runtime.proxy.background:  # aborts still on their way to the backends
                 await asyncio.wait(runtime.proxy.background, timeout=2.0)
-            runtime.breaker.close()
             await runtime.upstream.close()
 
     app = FastAPI(title="mtp-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -4,10 +4,12 @@ A `BackendState` is everything the gateway knows about one SGLang server: the re
 gateway has in flight there, what its probes found (health, capacity, accept length, reported
 load), and its circuit. Every field is written by a method of this class and by nothing else:
 
-    in flight, served, not started   the lease (gateway.pool.Lease), at admission and at its end
+    in flight, served, not started,  the lease (gateway.pool.Lease), at admission and at its end
+    running streams over time
     up, probe streaks                the monitor's probe results (probe_ok / probe_failed)
     capacity, accept length          the monitor's /server_info reading (record_server_info)
     reported load                    the monitor's /v1/loads reading (record_loads)
+    endpoints it lacks               the monitor (record_missing)
     circuit                          the lease's verdict at its end (circuit_success / _failure)
 
 Time is passed in (`now`, monotonic seconds), never read here: the circuit's open period ends
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+from gateway.config import Backend
 
 Role = Literal["mtp", "plain"]
 ROLES: tuple[Role, ...] = ("mtp", "plain")
@@ -68,14 +72,17 @@ class BackendState:
     name: str
     pair: str
     role: Role
-    url: str
-    api_key: str | None = None
+    target: Backend  # url and keys
     circuit_rules: CircuitRules = field(default_factory=CircuitRules)
     probe_rules: ProbeRules = field(default_factory=ProbeRules)
     # --- written by the lease
     inflight: int = 0
     served: int = 0  # finished requests
     not_started: int = 0  # of the in-flight, those whose first byte has not come
+    # Integral over time of the streams it was running (in flight, at most its cap), up to
+    # `area_at`: a stream's mean load is the difference over its life (gateway.adaptive).
+    running_area: float = 0.0
+    area_at: float | None = None
     # --- written by the monitor
     up: bool = True
     good_probes: int = 0
@@ -83,6 +90,7 @@ class BackendState:
     effective_cap: int | None = None
     accept_length: float | None = None
     loads: LoadReading | None = None
+    missing_endpoints: frozenset[str] = frozenset()  # SGLang's own, answered 404/405
     # --- written by the lease's verdict
     circuit: Circuit = field(default_factory=Circuit)
 
@@ -102,11 +110,26 @@ class BackendState:
             return None
         return max(0, reading.running + reading.waiting + self.inflight - reading.own_inflight_then)
 
+    def area(self, now: float) -> float:
+        """The running-stream area up to `now`."""
+        self._advance(now)
+        return self.running_area
+
     # --- the lease ---------------------------------------------------------------------------
+
+    def _advance(self, now: float) -> None:
+        """Bring the running area up to now (before any in-flight count changes)."""
+        if self.area_at is not None and now > self.area_at:
+            cap = self.effective_cap
+            running = self.inflight if cap is None else min(self.inflight, cap)
+            self.running_area += (now - self.area_at) * running
+        if self.area_at is None or now > self.area_at:
+            self.area_at = now
 
     def admit(self, now: float, *, started: bool = False) -> bool:
         """Count one request in (`started`: a stream moved here with its first byte sent);
         True when it is the half-open circuit's one trial."""
+        self._advance(now)
         self.inflight += 1
         if not started:
             self.not_started += 1
@@ -118,8 +141,9 @@ class BackendState:
     def first_byte(self) -> None:
         self.not_started -= 1
 
-    def leave(self, *, started: bool, finished: bool) -> None:
-        """Count one request out (it ended, or moved elsewhere before any byte went out)."""
+    def leave(self, now: float, *, started: bool, finished: bool) -> None:
+        """Count one request out (it ended, or moved elsewhere)."""
+        self._advance(now)
         self.inflight -= 1
         if not started:
             self.not_started -= 1
@@ -169,3 +193,9 @@ class BackendState:
 
     def record_server_info(self, effective_cap: int | None, accept_length: float | None) -> None:
         self.effective_cap, self.accept_length = effective_cap, accept_length
+
+    def record_missing(self, missing: frozenset[str]) -> bool:
+        """The optional endpoints it lacks now; True when that changed."""
+        changed = missing != self.missing_endpoints
+        self.missing_endpoints = missing
+        return changed

@@ -69,6 +69,9 @@ class Routing(_Frozen):
     session_headers: tuple[str, ...] = ("x-session-id", "x-claude-code-session-id", "thread-id")
     max_sessions: int = Field(10000, ge=0)
     allow_pin_header: bool = False
+    # Several pairs: a session stays on the pair holding its prefix while that pair has at
+    # most this many requests more than the least loaded one.
+    pair_affinity_slack: int = Field(8, ge=0)
 
     @model_validator(mode="after")
     def _band_fits(self) -> Routing:
@@ -87,6 +90,39 @@ class Routing(_Frozen):
         if bad:
             raise ValueError(f"not HTTP header names: {bad}")
         return names
+
+
+# What a pair may set for itself: the MTP/plain trade-off belongs to one set of GPUs.
+PAIR_ROUTING_KEYS = frozenset({
+    "policy", "crossover", "adapt_to_accept_length", "reference_accept_length",
+    "adaptive_crossover", "crossover_bounds", "hysteresis", "min_dwell_s", "capacity_guard",
+    "move_unstarted", "handoff_running", "session_affinity"})
+_PAIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")  # a metric label and a URL-safe name
+
+
+class Pair(_Frozen):
+    """An MTP server and a plain server on the same GPUs."""
+
+    name: str
+    mtp: Backend
+    plain: Backend
+    routing: dict[str, Any] = Field(default_factory=dict)  # this pair's own routing values
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _PAIR_NAME.fullmatch(name):
+            raise ValueError("a pair name is 1-32 letters, digits, '_', '.', '-'")
+        return name
+
+    @field_validator("routing")
+    @classmethod
+    def _own_keys(cls, routing: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(routing) - PAIR_ROUTING_KEYS)
+        if unknown:
+            raise ValueError(f"not settable per pair: {unknown} (per pair: "
+                             f"{', '.join(sorted(PAIR_ROUTING_KEYS))})")
+        return routing
 
 
 class Timeouts(_Frozen):
@@ -135,13 +171,41 @@ class Settings(BaseSettings):
     )
 
     listen: Listen = Listen()
-    backends: Backends = Backends()
+    backends: Backends = Backends()  # one pair; or `pairs`
+    pairs: tuple[Pair, ...] = ()
     routing: Routing = Routing()
     timeouts: Timeouts = Timeouts()
     limits: Limits = Limits()
     auth: Auth = Auth()
     monitor: Monitor = Monitor()
     log: Log = Log()
+
+    @model_validator(mode="after")
+    def _pairs_fit(self) -> Settings:
+        if self.pairs and "backends" in self.model_fields_set:
+            raise ValueError("give `backends` (one pair) or `pairs`, not both")
+        names = [p.name for p in self.pairs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pair names must differ: {names}")
+        for pair in self.pairs:
+            try:
+                self.routing_for(pair)
+            except ValidationError as exc:
+                where = f"pairs.{pair.name}.routing"
+                raise ValueError(describe_validation_error(exc, prefix=where)
+                                 .removeprefix("invalid configuration: ")) from exc
+        return self
+
+    def fleet(self) -> tuple[Pair, ...]:
+        """The pairs to route over: `pairs`, or the one pair of `backends`."""
+        return self.pairs or (Pair(name="default", mtp=self.backends.mtp,
+                                   plain=self.backends.plain),)
+
+    def routing_for(self, pair: Pair) -> Routing:
+        """A pair's routing: the routing section with the pair's own values over it."""
+        if not pair.routing:
+            return self.routing
+        return Routing.model_validate({**self.routing.model_dump(), **pair.routing})
 
     @classmethod
     def settings_customise_sources(

@@ -34,7 +34,6 @@ class GatewayError(Exception):
     type = "server_error"
     code = "internal_error"
     kind = "internal"  # bounded label for metrics
-    counted = False  # already counted against the backend (metrics, circuit breaker)
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)

@@ -1,28 +1,31 @@
 """Prometheus metrics (prefix `gateway_`) on an injected registry.
 
-Counters and histograms are updated on the request path; gauges that mirror router state
-(in-flight, mode, backend health) are read from the Router at scrape time by a collector,
-so they can never drift from the state the policy actually sees. Every label set is
-bounded: backend, reason, code, kind, phase. No request or session ids.
+Counters and histograms are updated on the request path; gauges that mirror the pool's state
+(in-flight, mode, backend health) are read from the pool at scrape time by a collector, so
+they can never drift from the state the policy actually sees. Every label set is bounded:
+backend, pair, reason, code, kind, phase. No request or session ids.
+
+With several pairs, a backend's name says its pair ("a/mtp"), and the gauges carry a `pair`
+label too (each pair has its own mode and crossover); with one pair, the series are today's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.config import BACKEND_NAMES
-from gateway.load import Router
+from gateway.pool import PairState, Pool
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 
 
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry, router: Router) -> None:
+    def __init__(self, registry: CollectorRegistry, pool: Pool) -> None:
         disable_created_metrics()  # `_created` series double the scrape for no dashboard's use
         self.registry = registry
         self.requests = Counter("gateway_requests", "Routing decisions by backend and reason.",
@@ -51,9 +54,9 @@ class GatewayMetrics:
         self.overhead = Histogram("gateway_overhead_seconds",
                                   "Gateway time from request arrival to the upstream send.",
                                   ["backend"], buckets=_OVERHEAD_BUCKETS, registry=registry)
-        registry.register(RouterCollector(router))
+        registry.register(PoolCollector(pool))
         # Plain running totals for the built-in dashboard (it computes per-interval means).
-        self.ttft_totals: dict[str, list[float]] = {name: [0.0, 0] for name in BACKEND_NAMES}
+        self.ttft_totals: dict[str, list[float]] = {name: [0.0, 0] for name in pool.backends}
 
     def observe_ttft(self, backend: str, seconds: float) -> None:
         self.ttft.labels(backend).observe(seconds)
@@ -62,62 +65,83 @@ class GatewayMetrics:
         totals[1] += 1
 
 
-class RouterCollector(Collector):
-    """Gauges read from the router at scrape time."""
+class PoolCollector(Collector):
+    """Gauges read from the pool at scrape time."""
 
-    def __init__(self, router: Router) -> None:
-        self.router = router
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.by_pair = len(pool.pairs) > 1
 
     def collect(self) -> Iterator[Metric]:
-        router = self.router
-        learning = router.learning_state()
-        yield _per_backend("gateway_inflight", "Requests in flight per backend.",
-                           router.inflight)
+        pool = self.pool
         concurrency = GaugeMetricFamily("gateway_concurrency",
                                         "Requests in flight through the gateway.")
-        concurrency.add_metric([], router.concurrency)
+        concurrency.add_metric([], pool.concurrency)
         yield concurrency
-        mode = GaugeMetricFamily("gateway_mode", "Current routing mode (1 = active).",
-                                 labels=["mode"])
-        for name in BACKEND_NAMES:
-            mode.add_metric([name], 1.0 if router.mode == name else 0.0)
-        yield mode
-        for name, help_text, value in (
-            ("gateway_crossover", "Crossover concurrency in force (accept-length adapted).",
-             router.crossover),
-            ("gateway_hysteresis", "Configured hysteresis.", router.routing.hysteresis),
-            ("gateway_learned_crossover", "Crossover learned from relayed streams (absent "
-             "until both servers were seen alone).", learning["crossover"]),
-            ("gateway_recent_accept_length", "MTP tokens per SSE chunk over recent streams.",
-             learning["accept_length"]),
+        yield from self._per_pair(pool.pairs.values())
+        backends = pool.backends.values()
+        now = time.monotonic()
+        for name, help_text, value_of in (
+            ("gateway_inflight", "Requests in flight per backend.", lambda b: b.inflight),
+            ("gateway_backend_up", "1 if the backend passes health checks.",
+             lambda b: float(b.up)),
+            ("gateway_circuit_open", "1 while the backend's circuit is open.",
+             lambda b: float(b.circuit.is_open(now))),
+            ("gateway_backend_effective_cap", "Effective running-request cap (server_info).",
+             lambda b: b.effective_cap),
+            ("gateway_backend_accept_length",
+             "Speculative accept length reported by the backend.", lambda b: b.accept_length),
+            ("gateway_backend_running", "Running requests (/v1/loads).",
+             lambda b: None if b.loads is None else b.loads.running),
+            ("gateway_backend_waiting", "Waiting requests (/v1/loads).",
+             lambda b: None if b.loads is None else b.loads.waiting),
         ):
-            gauge = GaugeMetricFamily(name, help_text)
-            if value is not None:
-                gauge.add_metric([], value)
+            gauge = GaugeMetricFamily(name, help_text, labels=self._labels(["backend"]))
+            for backend in backends:
+                value = value_of(backend)
+                if value is not None:
+                    gauge.add_metric(self._values(backend.pair, [backend.name]), float(value))
             yield gauge
-        yield _per_backend("gateway_estimated_throughput",
-                           "Tokens/s each backend makes at the crossover in force, learned "
-                           "from relayed streams.", learning["throughput"])
-        health = router.health
-        yield _per_backend("gateway_backend_up", "1 if the backend passes health checks.",
-                           {n: float(h.up) for n, h in health.items()})
-        yield _per_backend("gateway_circuit_open", "1 while the backend's circuit is open.",
-                           {n: float(h.circuit_open) for n, h in health.items()})
-        yield _per_backend("gateway_backend_effective_cap",
-                           "Effective running-request cap (server_info).",
-                           {n: h.effective_cap for n, h in health.items()})
-        yield _per_backend("gateway_backend_accept_length",
-                           "Speculative accept length reported by the backend.",
-                           {n: h.accept_length for n, h in health.items()})
-        yield _per_backend("gateway_backend_running", "Running requests (/v1/loads).",
-                           {n: h.reported_running for n, h in health.items()})
-        yield _per_backend("gateway_backend_waiting", "Waiting requests (/v1/loads).",
-                           {n: h.reported_waiting for n, h in health.items()})
 
+    def _per_pair(self, pairs: Iterable[PairState]) -> Iterator[Metric]:
+        mode = GaugeMetricFamily("gateway_mode", "Current routing mode (1 = active).",
+                                 labels=self._labels(["mode"]))
+        families = {
+            "crossover": GaugeMetricFamily(
+                "gateway_crossover", "Crossover concurrency in force (accept-length adapted).",
+                labels=self._labels([])),
+            "hysteresis": GaugeMetricFamily("gateway_hysteresis", "Configured hysteresis.",
+                                            labels=self._labels([])),
+            "learned": GaugeMetricFamily(
+                "gateway_learned_crossover", "Crossover learned from relayed streams (absent "
+                "until both servers were seen alone).", labels=self._labels([])),
+            "accept": GaugeMetricFamily(
+                "gateway_recent_accept_length", "MTP tokens per SSE chunk over recent streams.",
+                labels=self._labels([])),
+        }
+        throughput = GaugeMetricFamily(
+            "gateway_estimated_throughput", "Tokens/s each backend makes at the crossover in "
+            "force, learned from relayed streams.", labels=self._labels(["backend"]))
+        for pair in pairs:
+            learning = pair.learning_state()
+            for name in ("mtp", "plain"):
+                mode.add_metric(self._values(pair.name, [name]), 1.0 if pair.mode == name else 0.0)
+            for key, value in (("crossover", pair.crossover),
+                               ("hysteresis", pair.routing.hysteresis),
+                               ("learned", learning["crossover"]),
+                               ("accept", learning["accept_length"])):
+                if value is not None:
+                    families[key].add_metric(self._values(pair.name, []), value)
+            for role, value in learning["throughput"].items():  # type: ignore[attr-defined]
+                if value is not None:
+                    throughput.add_metric(self._values(pair.name, [pair.backends[role].name]),
+                                          value)
+        yield mode
+        yield from families.values()
+        yield throughput
 
-def _per_backend(name: str, help_text: str, values: dict[str, float | int | None]) -> Metric:
-    gauge = GaugeMetricFamily(name, help_text, labels=["backend"])
-    for backend, value in values.items():
-        if value is not None:
-            gauge.add_metric([backend], float(value))
-    return gauge
+    def _labels(self, labels: list[str]) -> list[str]:
+        return ["pair", *labels] if self.by_pair else labels
+
+    def _values(self, pair: str, values: list[str]) -> list[str]:
+        return [pair, *values] if self.by_pair else values

@@ -10,9 +10,8 @@ not SGLang, or SGLang's own router in front of a pool) stays usable: `/v1/models
 the gateway routes on its own in-flight counts, and says so once in the log and in
 `/admin/state` (`missing_endpoints`).
 
-`CircuitBreaker` counts failures of real requests: `circuit_failures` in a row open the
-circuit for `circuit_open_s`; then one trial is let through (half-open): success closes it,
-failure opens it again.
+What it learns goes into each backend's `BackendState` by that state's own methods; the
+circuit breaker is not here: a request's end judges it (`gateway.pool.Lease.end`).
 """
 
 from __future__ import annotations
@@ -21,12 +20,12 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import BACKEND_NAMES, BackendName, Settings
+from gateway.backends import BackendState
+from gateway.config import Settings
 from gateway.errors import GatewayError, UpstreamConnectError
-from gateway.load import Router
+from gateway.pool import Pool
 from gateway.upstream import Upstream
 
 log = logging.getLogger("mtp_gateway.monitor")
@@ -41,54 +40,6 @@ class _Missing:
 
 
 MISSING = _Missing()
-
-
-class CircuitBreaker:
-    def __init__(self, router: Router, failures_to_open: int, open_s: float) -> None:
-        self.router = router
-        self.failures_to_open = failures_to_open
-        self.open_s = open_s
-        self.failures: dict[BackendName, int] = {name: 0 for name in BACKEND_NAMES}
-        self._timers: dict[BackendName, asyncio.TimerHandle] = {}
-
-    def success(self, backend: BackendName) -> None:
-        self.failures[backend] = 0
-        health = self.router.health[backend]
-        health.circuit_open = health.half_open = health.trial_in_flight = False
-        self._cancel_timer(backend)  # else it would cut a later opening short
-
-    def failure(self, backend: BackendName) -> None:
-        self.failures[backend] += 1
-        health = self.router.health[backend]
-        if health.half_open or (self.failures[backend] >= self.failures_to_open
-                                and not health.circuit_open):
-            log.warning("circuit for %s opened after %d failures", backend, self.failures[backend])
-            health.circuit_open, health.half_open, health.trial_in_flight = True, False, False
-            self._cancel_timer(backend)
-            loop = asyncio.get_running_loop()
-            self._timers[backend] = loop.call_later(self.open_s, self._half_open, backend)
-
-    def _cancel_timer(self, backend: BackendName) -> None:
-        timer = self._timers.pop(backend, None)
-        if timer is not None:
-            timer.cancel()
-
-    def _half_open(self, backend: BackendName) -> None:
-        # One trial request may go: its success closes the circuit, its failure reopens it.
-        self._timers.pop(backend, None)
-        health = self.router.health[backend]
-        health.circuit_open, health.half_open, health.trial_in_flight = False, True, False
-
-    def close(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
-
-
-@dataclass
-class ProbeStreak:
-    good: int = 0
-    bad: int = 0
 
 
 def parse_server_info(info: Any) -> tuple[int | None, float | None]:
@@ -116,13 +67,10 @@ def parse_loads(loads: Any) -> tuple[int, int] | None:
 
 
 class Monitor:
-    def __init__(self, settings: Settings, router: Router, upstream: Upstream) -> None:
+    def __init__(self, settings: Settings, pool: Pool, upstream: Upstream) -> None:
         self.settings = settings
-        self.router = router
+        self.pool = pool
         self.upstream = upstream
-        self.streaks = {name: ProbeStreak() for name in BACKEND_NAMES}
-        # Optional endpoints each backend answered 404/405 on at its last reading.
-        self.missing: dict[BackendName, frozenset[str]] = {n: frozenset() for n in BACKEND_NAMES}
         self._rounds = 0
 
     async def run(self) -> None:
@@ -134,38 +82,37 @@ class Monitor:
             await asyncio.sleep(self.settings.monitor.interval_s)
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(name) for name in BACKEND_NAMES))
+        await asyncio.gather(*(self.probe(b) for b in self.pool.backends.values()))
         self._rounds += 1
 
-    async def probe(self, name: BackendName) -> None:
-        backend = self.settings.backends.get(name)
+    async def probe(self, backend: BackendState) -> None:
+        target = backend.target
         budget = self.settings.monitor.request_timeout_s
-        headers = [(b"authorization", f"Bearer {backend.api_key}".encode())] if backend.api_key else []
-        health = self.router.health[name]
-        missing = set(self.missing[name])
+        headers = [(b"authorization", f"Bearer {target.api_key}".encode())] if target.api_key else []
+        missing = set(backend.missing_endpoints)
         try:
-            loads = await self._get_optional(backend.url + LOADS, headers, budget)
+            loads = await self._get_optional(target.url + LOADS, headers, budget)
             if self._rounds % SERVER_INFO_EVERY == 0 or (
-                    health.effective_cap is None and SERVER_INFO not in missing):
-                info = await self._get_optional(backend.url + SERVER_INFO, headers, budget)
+                    backend.effective_cap is None and SERVER_INFO not in missing):
+                info = await self._get_optional(target.url + SERVER_INFO, headers, budget)
                 self._note(missing, SERVER_INFO, info)
-                health.effective_cap, health.accept_length = parse_server_info(info)
+                backend.record_server_info(*parse_server_info(info))
             self._note(missing, LOADS, loads)
             if loads is MISSING:  # /v1/models: the probe left
-                await self.upstream.get_json(backend.url + "/v1/models", headers, budget)
+                await self.upstream.get_json(target.url + "/v1/models", headers, budget)
             running_waiting = parse_loads(loads)
         except GatewayError as exc:
-            self._probe_failed(name, exc.message)
+            self._probe_failed(backend, exc.message)
             return
         except (ValueError, TypeError, ArithmeticError) as exc:
             # A 200 that is not what SGLang sends: not JSON, not UTF-8, a count that is no number.
-            self._probe_failed(name, f"unexpected answer ({type(exc).__name__})")
+            self._probe_failed(backend, f"unexpected answer ({type(exc).__name__})")
             return
-        self._set_missing(name, frozenset(missing))
+        self._set_missing(backend, frozenset(missing))
         if running_waiting is not None:
-            health.reported_running, health.reported_waiting = running_waiting
-            health.reported_at = time.monotonic()
-        self._probe_ok(name)
+            backend.record_loads(*running_waiting, now=time.monotonic())
+        if backend.probe_ok():
+            log.warning("backend %s is up", backend.name)
 
     async def _get_optional(self, url: str, headers: list[tuple[bytes, bytes]],
                             budget: float) -> object:
@@ -184,31 +131,20 @@ class Monitor:
         else:
             missing.discard(path)
 
-    def _set_missing(self, name: BackendName, missing: frozenset[str]) -> None:
+    @staticmethod
+    def _set_missing(backend: BackendState, missing: frozenset[str]) -> None:
         """Log once per change, not every probe."""
-        if missing == self.missing[name]:
+        if not backend.record_missing(missing):
             return
-        self.missing[name] = missing
         if missing:
             log.warning("backend %s has no %s: routing on the gateway's own in-flight counts%s",
-                        name, " or ".join(sorted(missing)),
+                        backend.name, " or ".join(sorted(missing)),
                         ", without its running cap or accept length" if SERVER_INFO in missing
                         else "")
         else:
-            log.warning("backend %s answers /v1/loads and /server_info again", name)
+            log.warning("backend %s answers /v1/loads and /server_info again", backend.name)
 
-    def _probe_ok(self, name: BackendName) -> None:
-        streak = self.streaks[name]
-        streak.good, streak.bad = streak.good + 1, 0
-        health = self.router.health[name]
-        if not health.up and streak.good >= self.settings.monitor.rise:
-            log.warning("backend %s is up", name)
-            health.up = True
-
-    def _probe_failed(self, name: BackendName, why: str) -> None:
-        streak = self.streaks[name]
-        streak.good, streak.bad = 0, streak.bad + 1
-        health = self.router.health[name]
-        if health.up and streak.bad >= self.settings.monitor.fall:
-            log.warning("backend %s is down: %s", name, why)
-            health.up = False
+    @staticmethod
+    def _probe_failed(backend: BackendState, why: str) -> None:
+        if backend.probe_failed():
+            log.warning("backend %s is down: %s", backend.name, why)

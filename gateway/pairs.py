@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-PairReason = Literal["least_loaded", "session_affinity", "no_pair"]
+PairReason = Literal["least_loaded", "session_affinity", "holder", "no_pair"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The routing decision: a pure function of a state snapshot. No I/O, no clock, no globals.
 
 `decide(snapshot, facts, routing, now)` returns which backend serves the next request, why,
-and the routing mode after the decision. The caller (load.Router) owns the state and applies
+and the routing mode after the decision. The caller (pool.Pool) owns the state and applies
 the returned mode; tests drive this function with plain values.
 
 The `crossover` policy keeps a mode in {mtp, plain}:

@@ -24,12 +24,13 @@ is full), so it counts against no circuit: else a few bad requests would open ev
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from gateway.backends import ROLES, BackendState, CircuitRules, ProbeRules, Role
-from gateway.config import Routing
-from gateway.load import SessionMap  # session -> name of the backend of its last turn
+from gateway.adaptive import CrossoverEstimator
+from gateway.backends import BackendState, CircuitRules, ProbeRules, Role
+from gateway.config import Backend, Routing, Settings
 from gateway.pairs import PairChoice, PairView, choose_pair
 from gateway.policy import (
     BackendView,
@@ -55,8 +56,9 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    kind: str  # a bounded label: connect, status_5xx, first_byte_timeout, broken, ...
-    status_5xx: bool = False  # the backend answered with a 5xx status
+    kind: str  # a bounded label: connect, status_5xx, stream_error, timeout_first_byte, ...
+    answered: bool = False  # the backend answered, with an error (a 5xx, or a stream's first
+    # event): when another server answers the same request so too, the request is the cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,25 +72,29 @@ class Verdict:
 
 
 def blame(failures: Sequence[Failure]) -> list[bool]:
-    """Which failures of one request count against their backend's circuit: all, except a 5xx
-    that another server also answered to the same request."""
-    fives = sum(f.status_5xx for f in failures)
-    return [not (f.status_5xx and fives > 1) for f in failures]
+    """Which failures of one request count against their backend's circuit: all, except an
+    error answer that another server also gave the same request."""
+    answered = sum(f.answered for f in failures)
+    return [not (f.answered and answered > 1) for f in failures]
 
 
 @dataclass(frozen=True, slots=True)
 class PairSpec:
     name: str
-    mtp_url: str
-    plain_url: str
+    mtp: Backend
+    plain: Backend
     routing: Routing
-    mtp_api_key: str | None = None
-    plain_api_key: str | None = None
+
+
+def pair_specs(settings: Settings) -> list[PairSpec]:
+    """The configured pairs, each with its routing section (`backends` alone: one pair)."""
+    return [PairSpec(p.name, p.mtp, p.plain, settings.routing_for(p)) for p in settings.fleet()]
 
 
 @dataclass(eq=False)
 class PairState:
-    """One pair's two backends, and its own mode (its own GPUs, its own crossover)."""
+    """One pair's two backends, and its own mode, routing and learned crossover (the trade-off
+    belongs to one set of GPUs)."""
 
     name: str
     routing: Routing
@@ -96,10 +102,72 @@ class PairState:
     mode: Mode = "mtp"
     mode_since: float = 0.0
     flipped_to_plain: bool = False  # since the last Pool.take_moves()
+    estimator: CrossoverEstimator = field(default_factory=CrossoverEstimator)
+
+    @property
+    def accept_length(self) -> float | None:
+        """MTP's accept length: over its recent streams when learning, else the monitor's
+        (SGLang's average since the server started)."""
+        recent = self.estimator.accept_length if self.routing.adaptive_crossover else None
+        return recent or self.backends["mtp"].accept_length
+
+    @property
+    def learned_crossover(self) -> int | None:
+        """The crossover the relayed streams imply, within the configured bounds (or None)."""
+        if not self.routing.adaptive_crossover:
+            return None
+        low, high = self.routing.crossover_bounds
+        return self.estimator.crossover(low, high, self.backends["mtp"].effective_cap)
 
     @property
     def crossover(self) -> int:
-        return effective_crossover(self.routing, self.backends["mtp"].accept_length)
+        """The crossover in force now: learned, else adapted to MTP's accept length."""
+        return effective_crossover(self.routing, self.accept_length, self.learned_crossover)
+
+    @property
+    def concurrency(self) -> int:
+        return sum(b.inflight for b in self.backends.values())
+
+    def learning_state(self) -> dict[str, object]:
+        """What the relayed streams taught (dashboard, /admin): the learned crossover, each
+        server's estimated tokens/s at the crossover in force (None: not seen there), MTP's
+        recent accept length, and how many streams were samples."""
+        estimator, crossover = self.estimator, self.crossover
+        cap = self.backends["mtp"].effective_cap
+        mtp_load = crossover if cap is None else min(crossover, cap)
+        return {
+            "crossover": self.learned_crossover,
+            "throughput": {"mtp": estimator.mtp.aggregate(mtp_load),
+                           "plain": estimator.plain.aggregate(crossover)},
+            "accept_length": estimator.accept_length,
+            "samples": estimator.samples,
+        }
+
+
+class SessionMap:
+    """Key (a session, a stored response) -> name of the backend that holds its state, least
+    recently used forgotten first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[str, str] = OrderedDict()
+
+    def get(self, key: str | None) -> str | None:
+        if key is None or key not in self._entries:
+            return None
+        self._entries.move_to_end(key)
+        return self._entries[key]
+
+    def put(self, key: str | None, backend: str) -> None:
+        if key is None or self.capacity == 0:
+            return
+        self._entries[key] = backend
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +176,7 @@ class Ask:
 
     session: str | None = None
     pin: Role | None = None  # client pin, already checked against allow_pin_header
+    holder: str | None = None  # the backend that must serve it (it stores what it refers to)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,19 +204,42 @@ class Pool:
         self.pairs: dict[str, PairState] = {}
         self.backends: dict[str, BackendState] = {}
         for spec in pairs:
-            urls = {"mtp": (spec.mtp_url, spec.mtp_api_key),
-                    "plain": (spec.plain_url, spec.plain_api_key)}
             members: dict[Role, BackendState] = {}
-            for role in ROLES:
-                url, key = urls[role]
+            for role, target in (("mtp", spec.mtp), ("plain", spec.plain)):
                 name = role if single else f"{spec.name}/{role}"  # one pair: today's names
-                members[role] = self.backends[name] = BackendState(
-                    name, spec.name, role, url, key, circuit_rules=circuit, probe_rules=probe)
+                members[role] = self.backends[name] = BackendState(  # type: ignore[index]
+                    name, spec.name, role, target,  # type: ignore[arg-type]
+                    circuit_rules=circuit, probe_rules=probe)
             self.pairs[spec.name] = PairState(spec.name, spec.routing, members, mode_since=now)
         self.sessions = SessionMap(max_sessions)
         self.use_backend_loads = use_backend_loads
         self.loads_max_age_s = loads_max_age_s
         self.affinity_slack = affinity_slack
+
+    @classmethod
+    def from_settings(cls, settings: Settings, now: float) -> Pool:
+        monitor = settings.monitor
+        return cls(pair_specs(settings), now=now,
+                   circuit=CircuitRules(monitor.circuit_failures, monitor.circuit_open_s),
+                   probe=ProbeRules(monitor.fall, monitor.rise),
+                   use_backend_loads=monitor.use_backend_loads,
+                   loads_max_age_s=monitor.backend_loads_max_age_s,
+                   affinity_slack=settings.routing.pair_affinity_slack,
+                   max_sessions=settings.routing.max_sessions)
+
+    def apply_routing(self, settings: Settings) -> None:
+        """A new routing section (hot reload, PUT /admin/routing): each pair's own, derived
+        from it and the pair's overrides; the next decision uses them."""
+        for spec in pair_specs(settings):
+            if spec.name in self.pairs:
+                self.pairs[spec.name].routing = spec.routing
+        self.sessions.capacity = settings.routing.max_sessions
+        self.affinity_slack = settings.routing.pair_affinity_slack
+
+    @property
+    def single(self) -> PairState | None:
+        """The one pair of a one-pair pool."""
+        return next(iter(self.pairs.values())) if len(self.pairs) == 1 else None
 
     @property
     def concurrency(self) -> int:
@@ -170,7 +262,8 @@ class Pool:
     def snapshot(self, pair: PairState, now: float, exclude: Collection[str] = ()) -> Snapshot:
         return Snapshot(pair.mode, pair.mode_since,
                         {role: self.view(b, now, exclude) for role, b in pair.backends.items()},
-                        accept_length=pair.backends["mtp"].accept_length)
+                        accept_length=pair.accept_length,
+                        learned_crossover=pair.learned_crossover)
 
     def pair_views(self, now: float, exclude: Collection[str] = ()) -> list[PairView]:
         views = []
@@ -185,6 +278,10 @@ class Pool:
     def place(self, ask: Ask, now: float, exclude: Collection[str] = ()) -> Placement:
         """Decide where a request goes (a pair, then a server in it) and apply the pair's new
         mode. Counts nothing: `admit` and `Lease.retry_elsewhere` do."""
+        holder = self.backends.get(ask.holder or "")
+        if holder is not None and holder.accepting(now) and holder.name not in exclude:
+            return self._place_in(self.pairs[holder.pair], PairChoice(holder.pair, "holder"),
+                                  RequestFacts(None, holder.role), now, exclude)
         session_backend = self.backends.get(self.sessions.get(ask.session) or "")
         session_pair = session_backend.pair if session_backend is not None else None
         choice = choose_pair(self.pair_views(now, exclude), session_pair, self.affinity_slack)
@@ -195,8 +292,11 @@ class Pool:
         pair = self.pairs[choice.pair]
         role = session_backend.role if session_backend is not None and session_pair == pair.name \
             else None
-        decision = decide(self.snapshot(pair, now, exclude), RequestFacts(role, ask.pin),
-                          pair.routing, now)
+        return self._place_in(pair, choice, RequestFacts(role, ask.pin), now, exclude)
+
+    def _place_in(self, pair: PairState, choice: PairChoice, facts: RequestFacts, now: float,
+                  exclude: Collection[str]) -> Placement:
+        decision = decide(self.snapshot(pair, now, exclude), facts, pair.routing, now)
         if pair.mode == "mtp" and decision.mode == "plain":
             pair.flipped_to_plain = True
         pair.mode, pair.mode_since = decision.mode, decision.mode_since
@@ -232,7 +332,11 @@ class Lease:
     placement: Placement
     attempts: list[Attempt]
     started: bool = False  # the first byte came from the backend
-    ended: bool = field(default=False)
+    ended: bool = False
+    output_tokens: int | None = None  # completion tokens, when the caller learned them
+    output_chunks: int | None = None  # SSE chunks that carried them, when counted
+    # When the first byte came, and the pair's running-stream areas then (a speed sample).
+    _sample_from: tuple[float, dict[Role, float]] | None = None
 
     @property
     def backend(self) -> BackendState:
@@ -245,10 +349,14 @@ class Lease:
         return self.placement.decision.reason if self.backend is self.placement.backend \
             else "failover"
 
-    def first_byte(self) -> None:
-        if not self.started and not self.ended:
-            self.started = True
-            self.backend.first_byte()
+    def first_byte(self, now: float) -> None:
+        if self.started or self.ended:
+            return
+        self.started = True
+        backend = self.backend
+        backend.first_byte()
+        members = self.pool.pairs[backend.pair].backends
+        self._sample_from = (now, {role: b.area(now) for role, b in members.items()})
 
     def retry_elsewhere(self, failure: Failure, now: float) -> BackendState | None:
         """The current attempt failed before any byte went to the client: decide again without
@@ -262,8 +370,9 @@ class Lease:
             return None
         current = self.attempts[-1]
         current.failure = failure
-        current.backend.leave(started=False, finished=False)  # a trial stays held: judged at end
+        current.backend.leave(now, started=False, finished=False)  # a trial stays held: judged at end
         self.attempts.append(Attempt(placement.backend, placement.backend.admit(now)))
+        self._sample_from = None
         return placement.backend
 
     def move_to(self, backend: BackendState, now: float) -> None:
@@ -271,11 +380,12 @@ class Lease:
         if self.ended or backend is self.backend:
             return
         current = self.attempts[-1]
-        current.backend.leave(started=self.started, finished=False)
+        current.backend.leave(now, started=self.started, finished=False)
         if current.trial:  # no verdict on it: the next request may be the trial
             current.backend.end_trial()
             current.trial = False
         self.attempts[-1] = Attempt(backend, backend.admit(now, started=self.started))
+        self._sample_from = None  # its speed is no longer one server's
 
     def end(self, outcome: Outcome, now: float, failure: Failure | None = None) -> list[Verdict]:
         """The one end of a request: release its count, judge every attempt, remember the
@@ -286,7 +396,7 @@ class Lease:
         last = self.attempts[-1]
         if outcome is Outcome.BACKEND_FAILURE:
             last.failure = failure or Failure("unknown")
-        last.backend.leave(started=self.started, finished=True)
+        last.backend.leave(now, started=self.started, finished=True)
         for attempt in self.attempts:
             if attempt.trial:
                 attempt.backend.end_trial()
@@ -299,4 +409,20 @@ class Lease:
         if outcome is Outcome.SUCCESS:
             last.backend.circuit_success()
         self.pool.sessions.put(self.ask.session, last.backend.name)
+        self._observe_speed(now)
         return verdicts
+
+    def _observe_speed(self, now: float) -> None:
+        """A finished stream is a sample of its server's speed at its mean load."""
+        if self._sample_from is None or not self.output_tokens:
+            return
+        since, areas = self._sample_from
+        seconds = now - since
+        if seconds <= 0:
+            return
+        pair = self.pool.pairs[self.backend.pair]
+        mean = {role: (b.area(now) - areas[role]) / seconds for role, b in pair.backends.items()}
+        role = self.backend.role
+        chunks = self.output_chunks - 1 if self.output_chunks else None  # after the first
+        pair.estimator.observe(role, self.output_tokens - 1, seconds, mean[role],
+                               mean["plain" if role == "mtp" else "mtp"], chunks)

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.apis import OPENAI, RESPONSES, api_of
-from gateway.config import BackendName, Settings
+from gateway.backends import BackendState
+from gateway.config import Settings
 from gateway.errors import (
     BadRequest,
     GatewayError,
@@ -48,10 +49,8 @@ from gateway.inbound import (
     parse_inbound,
     upstream_headers,
 )
-from gateway.load import Lease, Router, SessionMap
 from gateway.metrics import GatewayMetrics
-from gateway.monitor import CircuitBreaker
-from gateway.policy import RequestFacts, other
+from gateway.pool import Ask, Failure, Lease, Outcome, Pool, SessionMap, Verdict
 from gateway.server import BODY_WRITER, BodyWriter
 from gateway.sse import EventFramer, split_events
 from gateway.streams import ending, ends_in_error, event_error, leads_in
@@ -119,6 +118,10 @@ def _judged_by_retry(exc: UpstreamError) -> bool:
     return isinstance(exc, UpstreamStatus | UpstreamRefused)
 
 
+def _failure(exc: UpstreamError) -> Failure:
+    return Failure(exc.kind, answered=_judged_by_retry(exc))
+
+
 def _as_sent(exchange: Exchange, exc: UpstreamError) -> tuple[UpstreamResponse, bytes]:
     """A refusal in a stream reaches the client as the backend sent it; the rest is raised."""
     if isinstance(exc, UpstreamRefused):
@@ -142,7 +145,9 @@ class Exchange:
     writer: BodyWriter | None = None  # the server's synchronous body writer, when it has one
     framer: EventFramer = field(default_factory=EventFramer)  # whole events out, one per attempt
     last_chunks: list[bytes] = field(default_factory=list)
-    refused: bool = False  # the stream relayed is the backend's own refusal (already counted)
+    refused: bool = False  # the stream relayed is the backend's own refusal
+    outcome: Outcome | None = None  # how the request ended, for the lease (None: a bug)
+    failure: Failure | None = None  # the last attempt's failure, with BACKEND_FAILURE
     status: int = 0  # what the client got, for the access log
     ended: str = "complete"  # how it ended, for the access log
     tokens: tuple[int, int] | None = None  # prompt and completion tokens, when usage was seen
@@ -151,13 +156,12 @@ class Exchange:
 class ProxyEndpoint:
     """The ASGI endpoint for every proxied path. Dependencies are given, never looked up."""
 
-    def __init__(self, get_settings: Callable[[], Settings], router: Router, upstream: Upstream,
-                 metrics: GatewayMetrics, breaker: CircuitBreaker) -> None:
+    def __init__(self, get_settings: Callable[[], Settings], pool: Pool, upstream: Upstream,
+                 metrics: GatewayMetrics) -> None:
         self.get_settings = get_settings
-        self.router = router
+        self.pool = pool
         self.upstream = upstream
         self.metrics = metrics
-        self.breaker = breaker
         # Response id -> the backend that stored it: SGLang keeps a response (for
         # previous_response_id, GET and cancel) only on the server that made it.
         self.stored = SessionMap(STORED_RESPONSES)
@@ -180,14 +184,13 @@ class ProxyEndpoint:
                 session_headers=settings.routing.session_headers,
                 allow_pin=settings.routing.allow_pin_header,
             )
-            if self.router.concurrency >= settings.limits.max_inflight:
+            if self.pool.concurrency >= settings.limits.max_inflight:
                 raise Overloaded("the gateway is at its in-flight limit; retry shortly",
                                  headers={"retry-after": "1"})
-            holder = self.stored.get(inbound.previous_response_id)
-            facts = RequestFacts(self.router.sessions.get(inbound.session), holder or inbound.pin)
-            admitted = self.router.admit(facts, started)
+            ask = Ask(inbound.session, inbound.pin, self.stored.get(inbound.previous_response_id))
+            admitted = self.pool.admit(ask, started)
             if not isinstance(admitted, Lease):
-                raise NoBackend("no healthy backend: both are down or their circuits are open",
+                raise NoBackend("no healthy backend: all are down or their circuits are open",
                                 headers={"retry-after": "5"})
         except GatewayError as exc:
             self.metrics.rejected.labels(exc.kind if exc.kind != "client" else exc.code).inc()
@@ -228,22 +231,41 @@ class ProxyEndpoint:
             listener.cancel()
             if exchange.upstream is not None:
                 exchange.upstream.close()
-            lease.release()
-            self.router.remember_session(inbound.session, lease.backend)
+            self._end(exchange)
+            backend = lease.backend.name
             if inbound.api == RESPONSES and inbound.rid and exchange.status == 200:
-                self.stored.put(inbound.rid, lease.backend)
-            self.metrics.e2e.labels(lease.backend).observe(time.monotonic() - started)
+                self.stored.put(inbound.rid, backend)
+            self.metrics.e2e.labels(backend).observe(time.monotonic() - started)
             if settings.log.access:
                 ttft = None if exchange.first_byte_at is None else exchange.first_byte_at - started
-                log_access(inbound.path, lease.backend, lease.reason, exchange.status, ttft,
+                log_access(inbound.path, backend, lease.reason, exchange.status, ttft,
                            started, exchange.ended, exchange.tokens)
+
+    def _end(self, exchange: Exchange) -> None:
+        """The lease ends with how the request ended: the one place where failures are judged
+        and circuits change. Anything not settled is the gateway's own error, never the
+        backend's."""
+        lease = exchange.lease
+        outcome = exchange.outcome or Outcome.GATEWAY_ERROR
+        if exchange.refused:  # the backend failed it, whatever happened next
+            outcome = Outcome.BACKEND_FAILURE
+        verdicts = lease.end(outcome, time.monotonic(), exchange.failure)
+        for verdict in verdicts:
+            self._count_failure(verdict)
+
+    def _count_failure(self, verdict: Verdict) -> None:
+        backend = verdict.backend
+        self.metrics.upstream_errors.labels(backend.name, verdict.failure.kind).inc()
+        if verdict.opened:
+            log.warning("circuit for %s opened after %d failures", backend.name,
+                        backend.circuit.failures)
 
     async def _run(self, exchange: Exchange, send: Send, settings: Settings) -> None:
         response, first = await self._attempt_with_retry(exchange, send, settings)
         if response.status >= 400:
             if exchange.committed:  # keep-alives went out: the status can no longer change
                 detail = (first + await response.read())[:500].decode("utf-8", "replace")
-                raise UpstreamStatus(response.status, exchange.lease.backend, detail)
+                raise UpstreamStatus(response.status, exchange.lease.backend.name, detail)
             await self._pass_error(exchange, send, response, first)
             return
         if not exchange.inbound.stream:
@@ -252,8 +274,9 @@ class ProxyEndpoint:
         if not exchange.committed:
             await self._commit(exchange, send, response.status, response.headers, _STREAM_HEADERS)
         exchange.first_byte_at = time.monotonic()  # the first model output, keep-alives aside
-        exchange.lease.mark_started()  # no longer movable; its decode speed is timed from here
-        self.metrics.observe_ttft(exchange.lease.backend, exchange.first_byte_at - exchange.started)
+        exchange.lease.first_byte(exchange.first_byte_at)
+        self.metrics.observe_ttft(exchange.lease.backend.name,
+                                  exchange.first_byte_at - exchange.started)
         await self._send_events(exchange, send, first)
         writer = exchange.writer
         if writer is not None and writer.usable():
@@ -264,31 +287,33 @@ class ProxyEndpoint:
 
     async def _attempt_with_retry(self, exchange: Exchange, send: Send,
                                   settings: Settings) -> tuple[UpstreamResponse, bytes]:
+        """One attempt, and when it fails before anything went to the client, the routing
+        decides again without the failed server. An error answer (a 5xx, or an error as a
+        stream's first event) is judged by the retry when the lease ends: if the next server
+        answers the same request with an error too, the request is the cause (or every queue
+        is full), not a broken server, and neither circuit counts it."""
         lease = exchange.lease
         try:
             return await self._attempt(exchange, send, settings)
         except UpstreamError as exc:
-            first, fallback = lease.backend, other(lease.backend)
-            if exchange.committed or not self.router.health[fallback].accepting:
-                self._count_failure(first, exc)
-                return _as_sent(exchange, exc)
-            self.metrics.retries.labels(first, fallback).inc()
-            log.warning("retrying on %s after %s from %s", fallback, exc.kind, first)
-            lease.move_to(fallback)
-            # An error answer is judged by the retry: if the other server answers the same
-            # request with an error too, the request is the cause (or both queues are full),
-            # not a broken server. Counted against neither circuit, or a few such requests
-            # would open both and turn every client away with 503s.
-            first_to_blame = True
-            try:
-                return await self._attempt(exchange, send, settings)
-            except UpstreamError as again:
-                request_at_fault = _judged_by_retry(exc) and _judged_by_retry(again)
-                first_to_blame = not request_at_fault
-                self._count_failure(fallback, again, against_circuit=not request_at_fault)
-                return _as_sent(exchange, again)
-            finally:
-                self._count_failure(first, exc, against_circuit=first_to_blame)
+            first = lease.backend
+            fallback = None if exchange.committed else \
+                lease.retry_elsewhere(_failure(exc), time.monotonic())
+            if fallback is None:
+                return self._no_retry(exchange, exc)
+            self.metrics.retries.labels(first.name, fallback.name).inc()
+            log.warning("retrying on %s after %s from %s", fallback.name, exc.kind, first.name)
+        try:
+            return await self._attempt(exchange, send, settings)
+        except UpstreamError as again:
+            return self._no_retry(exchange, again)
+
+    @staticmethod
+    def _no_retry(exchange: Exchange, exc: UpstreamError) -> tuple[UpstreamResponse, bytes]:
+        """The request ends with this failure: a refusal in a stream reaches the client as the
+        backend sent it; any other failure is raised."""
+        exchange.failure = _failure(exc)
+        return _as_sent(exchange, exc)
 
     async def _attempt(self, exchange: Exchange, send: Send,
                        settings: Settings) -> tuple[UpstreamResponse, bytes]:
@@ -312,11 +337,11 @@ class ProxyEndpoint:
             waiting.cancel()
 
     async def _open(self, exchange: Exchange, settings: Settings) -> tuple[UpstreamResponse, bytes]:
-        inbound, backend = exchange.inbound, exchange.lease.backend
+        inbound, target = exchange.inbound, exchange.lease.backend.target
+        backend = exchange.lease.backend.name
         if exchange.upstream is not None:
             exchange.upstream.close()
             exchange.upstream = None
-        target = settings.backends.get(backend)
         headers = upstream_headers(exchange.client_headers, target.api_key, inbound.headers)
         self.metrics.requests.labels(backend, exchange.lease.reason).inc()
         self.metrics.overhead.labels(backend).observe(time.monotonic() - exchange.started)
@@ -331,7 +356,6 @@ class ProxyEndpoint:
             # Read whole before anything goes to the client: a backend dying half way through
             # an answer has cost the client nothing yet, so the retry can still happen.
             body = await response.read()
-            self.breaker.success(backend)
             return response, body
         exchange.framer = EventFramer()
         return response, await self._first_events(exchange, response)
@@ -339,7 +363,7 @@ class ProxyEndpoint:
     async def _first_events(self, exchange: Exchange, response: UpstreamResponse) -> bytes:
         """Read a stream up to its first event that decides anything: the events before it
         go out with it. An error there is the backend refusing the request, not yet sent."""
-        api, backend, framer = exchange.inbound.api, exchange.lease.backend, exchange.framer
+        api, backend, framer = exchange.inbound.api, exchange.lease.backend.name, exchange.framer
         head = b""
         while True:
             chunk = await response.next_chunk()
@@ -414,19 +438,17 @@ class ProxyEndpoint:
             await self._send_events(exchange, send, feed(chunk))
 
     async def _end_stream(self, exchange: Exchange, send: Send) -> None:
-        backend = exchange.lease.backend
+        backend = exchange.lease.backend.name
         if exchange.framer.holding:
             raise UpstreamBroken(f"backend '{backend}' ended the stream in the middle of an event")
         self._count_usage(exchange)
-        if not exchange.refused:  # a refusal passed on as sent was counted when it came
-            if ends_in_error(exchange.inbound.api, b"".join(exchange.last_chunks)):
-                exchange.ended = "backend_error"
-                self._count_failure(backend, UpstreamStreamError(
-                    f"backend '{backend}' ended the stream with an error"))
-            else:
-                self.breaker.success(backend)  # a whole stream, not its first byte
+        if exchange.refused:  # its refusal passed on as it was sent: the failure is set
+            exchange.ended, exchange.outcome = "backend_error", Outcome.BACKEND_FAILURE
+        elif ends_in_error(exchange.inbound.api, b"".join(exchange.last_chunks)):
+            exchange.ended, exchange.outcome = "backend_error", Outcome.BACKEND_FAILURE
+            exchange.failure = Failure(UpstreamStreamError.kind)
         else:
-            exchange.ended = "backend_error"
+            exchange.outcome = Outcome.SUCCESS  # a whole stream, not its first byte
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         self.metrics.responses.labels(backend, "200").inc()
 
@@ -447,7 +469,8 @@ class ProxyEndpoint:
         await self._commit(exchange, send, response.status, headers, [])
         exchange.first_byte_at = time.monotonic()
         await send({"type": "http.response.body", "body": body, "more_body": False})
-        self.metrics.responses.labels(exchange.lease.backend, str(response.status)).inc()
+        exchange.outcome = Outcome.SUCCESS
+        self.metrics.responses.labels(exchange.lease.backend.name, str(response.status)).inc()
 
     async def _pass_error(self, exchange: Exchange, send: Send, response: UpstreamResponse,
                           first: bytes) -> None:
@@ -458,7 +481,8 @@ class ProxyEndpoint:
         await self._commit(exchange, send, response.status, headers, [])
         await send({"type": "http.response.body", "body": body, "more_body": False})
         exchange.ended = "client_error"
-        self.metrics.responses.labels(exchange.lease.backend, str(response.status)).inc()
+        exchange.outcome = Outcome.SUCCESS  # the backend is up and judged the request
+        self.metrics.responses.labels(exchange.lease.backend.name, str(response.status)).inc()
 
     async def _commit(self, exchange: Exchange, send: Send, status: int,
                       headers: list[tuple[bytes, bytes]], extra: list[tuple[bytes, bytes]]) -> None:
@@ -467,13 +491,14 @@ class ProxyEndpoint:
         exchange.status = status
         await send({"type": "http.response.start", "status": status, "headers": [
             *headers, *extra,
-            (b"x-gateway-backend", lease.backend.encode()),
+            (b"x-gateway-backend", lease.backend.name.encode()),
             (b"x-gateway-route-reason", lease.reason.encode()),
         ]})
 
     async def _interrupted(self, exchange: Exchange, send: Send, reason: str) -> None:
-        backend = exchange.lease.backend
+        backend = exchange.lease.backend.name
         if reason == CLIENT_GONE:
+            exchange.outcome = Outcome.CLIENT_GONE
             self._abort_upstream(exchange)
             phase = "mid_stream" if exchange.first_byte_at is not None else "before_first_byte"
             self.metrics.disconnects.labels(backend, phase).inc()
@@ -486,10 +511,13 @@ class ProxyEndpoint:
             await self._failed(exchange, send, exc)
 
     async def _failed(self, exchange: Exchange, send: Send, exc: GatewayError) -> None:
-        """End the request with an error: counted against the backend once, upstream aborted."""
-        backend, inbound = exchange.lease.backend, exchange.inbound
-        if isinstance(exc, UpstreamError) and not exc.counted:
-            self._count_failure(backend, exc)
+        """End the request with an error, upstream aborted. A backend's failure when it is an
+        UpstreamError; anything else (a client write, a bug, the shutdown) is the gateway's."""
+        backend, inbound = exchange.lease.backend.name, exchange.inbound
+        if isinstance(exc, UpstreamError):
+            exchange.outcome, exchange.failure = Outcome.BACKEND_FAILURE, _failure(exc)
+        else:
+            exchange.outcome = Outcome.GATEWAY_ERROR
         self._abort_upstream(exchange)
         self.metrics.responses.labels(backend, str(exc.status)).inc()
         exchange.ended = exc.kind
@@ -505,17 +533,10 @@ class ProxyEndpoint:
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    def _count_failure(self, backend: BackendName, exc: GatewayError, *,
-                       against_circuit: bool = True) -> None:
-        exc.counted = True  # whatever path it ends by, a failure is counted once
-        self.metrics.upstream_errors.labels(backend, exc.kind).inc()
-        if against_circuit:
-            self.breaker.failure(backend)
-
     def _count_usage(self, exchange: Exchange) -> None:
         match = _USAGE.search(b"".join(exchange.last_chunks))
         if match:
-            backend = exchange.lease.backend
+            backend = exchange.lease.backend.name
             prompt, completion = int(match.group(1)), int(match.group(2))
             exchange.tokens = (prompt, completion)
             exchange.lease.output_tokens = completion  # a speed sample for the learned crossover
@@ -532,8 +553,8 @@ class ProxyEndpoint:
             self.background.add(task)
             task.add_done_callback(self.background.discard)
 
-    async def _post_abort(self, backend: BackendName, rid: str) -> None:
-        target = self.get_settings().backends.get(backend)
+    async def _post_abort(self, state: BackendState, rid: str) -> None:
+        target, backend = state.target, state.name
         key = target.admin_api_key or target.api_key  # SGLang: the admin key when it has one
         headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
         try:
@@ -547,15 +568,15 @@ class ProxyEndpoint:
                         "to the server's --admin-api-key", rid, backend, status, backend)
 
     async def pass_through(self, method: str, path: str, client_headers: Headers,
-                           order: list[BackendName], *, next_on_404: bool = False
-                           ) -> tuple[int, list[tuple[bytes, bytes]], bytes, BackendName]:
+                           order: list[BackendState], *, next_on_404: bool = False
+                           ) -> tuple[int, list[tuple[bytes, bytes]], bytes, BackendState]:
         """A small request answered by the first backend in `order` that answers (the next
         one on a connection error or 5xx, and on 404 when asked): status, headers, body."""
         settings = self.get_settings()
-        failure: GatewayError = NoBackend("no healthy backend: both are down or their "
+        failure: GatewayError = NoBackend("no healthy backend: all are down or their "
                                           "circuits are open", headers={"retry-after": "5"})
-        for index, backend in enumerate(order):
-            target = settings.backends.get(backend)
+        for index, state in enumerate(order):
+            target, backend = state.target, state.name
             headers = upstream_headers(client_headers, target.api_key)
             try:
                 # A backend silent for idle_s is stuck: the next one is asked.
@@ -580,7 +601,7 @@ class ProxyEndpoint:
                 failure = UpstreamStatus(response.status, backend,
                                          body[:500].decode("utf-8", "replace"))
                 break
-            return response.status, response.headers, openai_shaped(body), backend
+            return response.status, response.headers, openai_shaped(body), state
         raise failure
 
 

@@ -10,12 +10,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from gateway.config import BACKEND_NAMES, BackendName, ConfigError, build_routing
+from gateway.backends import BackendState
+from gateway.config import ConfigError, build_routing, describe_validation_error
 from gateway.errors import BadRequest, Forbidden, Unauthorized
 from gateway.inbound import bearer_token, parse_json_object
-from gateway.policy import other
+from gateway.pool import PairState, Pool
 
 router = APIRouter()
 DASHBOARD_HTML = (Path(__file__).parent / "dashboard.html").read_text(encoding="utf-8")
@@ -48,31 +50,52 @@ def fallback_state(missing: frozenset[str]) -> dict[str, Any]:
     return {"missing_endpoints": sorted(missing), "fallback": fallback}
 
 
+def backend_state(backend: BackendState, now: float, *, with_urls: bool) -> dict[str, Any]:
+    circuit, loads = backend.circuit, backend.loads
+    state = {
+        "pair": backend.pair, "role": backend.role,
+        "inflight": backend.inflight, "served": backend.served, "up": backend.up,
+        "circuit_open": circuit.is_open(now), "circuit_half_open": circuit.is_half_open(now),
+        "circuit_failures": circuit.failures,
+        "effective_cap": backend.effective_cap, "accept_length": backend.accept_length,
+        "running": None if loads is None else loads.running,
+        "waiting": None if loads is None else loads.waiting,
+        "loads_age_s": None if loads is None else round(now - loads.at, 3),
+        **fallback_state(backend.missing_endpoints),
+    }
+    if with_urls:
+        state["url"] = backend.target.url
+    return state
+
+
+def pair_state(pair: PairState, now: float) -> dict[str, Any]:
+    return {
+        "name": pair.name, "mode": pair.mode, "mode_for_s": round(now - pair.mode_since, 3),
+        "concurrency": pair.concurrency, "crossover": pair.crossover,
+        "learning": pair.learning_state(), "routing": pair.routing.model_dump(mode="json"),
+        "backends": [b.name for b in pair.backends.values()],
+    }
+
+
 def routing_state(runtime: Any, *, with_urls: bool) -> dict[str, Any]:
-    """The router's state as JSON: what /admin/state and the dashboard show."""
-    r = runtime.router
-    backends = {}
-    for name in BACKEND_NAMES:
-        health = r.health[name]
-        backends[name] = {
-            "inflight": r.inflight[name], "served": r.served[name], "up": health.up,
-            "circuit_open": health.circuit_open, "circuit_half_open": health.half_open,
-            "effective_cap": health.effective_cap,
-            "accept_length": health.accept_length, "running": health.reported_running,
-            "waiting": health.reported_waiting,
-            **fallback_state(runtime.monitor.missing[name]),
-        }
-        if with_urls:
-            backends[name]["url"] = runtime.settings.backends.get(name).url
+    """The pool's state as JSON: what /admin/state and the dashboard show. The top-level mode,
+    crossover and learning are the first pair's (the only one, without `pairs`)."""
+    pool: Pool = runtime.pool
+    now = time.monotonic()
+    pairs = [pair_state(p, now) for p in pool.pairs.values()]
     ttft = {name: {"sum": total, "count": count}
             for name, (total, count) in runtime.metrics.ttft_totals.items()}
+    first = pairs[0]
     return {
         "ttft": ttft,
-        "mode": r.mode, "mode_for_s": round(time.monotonic() - r.mode_since, 3),
-        "concurrency": r.concurrency, "crossover": r.crossover,
-        "learning": r.learning_state(),
-        "routing": r.routing.model_dump(mode="json"),
-        "backends": backends, "sessions": len(r.sessions),
+        "mode": first["mode"], "mode_for_s": first["mode_for_s"],
+        "concurrency": pool.concurrency, "crossover": first["crossover"],
+        "learning": first["learning"],
+        "routing": runtime.settings.routing.model_dump(mode="json"),
+        "pairs": pairs,
+        "backends": {name: backend_state(b, now, with_urls=with_urls)
+                     for name, b in pool.backends.items()},
+        "sessions": len(pool.sessions),
     }
 
 
@@ -100,21 +123,24 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-async def _from_backends(request: Request, path: str, order: list[BackendName] | None = None,
+def _by_mode(pool: Pool) -> list[BackendState]:
+    """Each pair's backend of its current mode, then the others."""
+    first = [p.backends[p.mode] for p in pool.pairs.values()]
+    return first + [b for b in pool.backends.values() if b not in first]
+
+
+async def _from_backends(request: Request, path: str, order: list[BackendState] | None = None,
                          *, next_on_404: bool = False) -> Response:
     """Answered by a backend, as SGLang answers it, behind the client key like SGLang's
-    --api-key. By default the backend of the current mode first, the other one if it fails."""
+    --api-key. By default the backend of the current mode first, the others if it fails."""
     runtime = _runtime(request)
     headers = request.scope["headers"]
     runtime.proxy.check_client_key(headers, runtime.settings)
-    if order is None:
-        mode = runtime.router.mode
-        order = [mode, other(mode)]
     status, upstream_headers, body, backend = await runtime.proxy.pass_through(
-        request.method, path, headers, order, next_on_404=next_on_404)
+        request.method, path, headers, order or _by_mode(runtime.pool), next_on_404=next_on_404)
     return Response(body, status_code=status, headers={
         **{k.decode("latin-1"): v.decode("latin-1") for k, v in upstream_headers},
-        "x-gateway-backend": backend})
+        "x-gateway-backend": backend.name})
 
 
 @router.get("/v1/models")
@@ -133,7 +159,9 @@ async def server_info(request: Request) -> Response:
     """The MTP server's: its speculative accept length is what SGLang's own tools read
     (bench_serving uses it to count inter-token latency per token); the plain one when MTP
     does not answer."""
-    return await _from_backends(request, request.url.path, ["mtp", "plain"])
+    backends = _runtime(request).pool.backends.values()
+    order = sorted(backends, key=lambda b: b.role != "mtp")  # every MTP server first
+    return await _from_backends(request, request.url.path, order)
 
 
 @router.get("/v1/responses/{response_id}")
@@ -141,8 +169,11 @@ async def server_info(request: Request) -> Response:
 async def stored_response(request: Request, response_id: str) -> Response:
     """A stored response lives on the server that made it: asked there first (both, in turn,
     when the gateway does not know it, e.g. after a restart)."""
-    holder = _runtime(request).proxy.stored.get(response_id)
-    order: list[BackendName] = ["mtp", "plain"] if holder is None else [holder, other(holder)]
+    pool: Pool = _runtime(request).pool
+    holder = pool.backends.get(_runtime(request).proxy.stored.get(response_id) or "")
+    order = list(pool.backends.values())
+    if holder is not None:
+        order = [holder] + [b for b in order if b is not holder]
     return await _from_backends(request, request.url.path, order, next_on_404=True)
 
 
@@ -173,8 +204,13 @@ async def put_routing(request: Request) -> JSONResponse:
     merged = {**runtime.settings.routing.model_dump(), **changes}
     try:
         routing = build_routing(merged)
+        updated = runtime.settings.model_copy(update={"routing": routing})
+        for pair in updated.pairs:  # each pair's own values must still fit the new section
+            updated.routing_for(pair)
     except ConfigError as exc:
         raise BadRequest(str(exc)) from exc
-    runtime.apply_routing(runtime.settings.model_copy(update={"routing": routing}))
+    except ValidationError as exc:
+        raise BadRequest(describe_validation_error(exc, prefix="routing")) from exc
+    runtime.apply_routing(updated)
     return JSONResponse(routing.model_dump(mode="json"))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -40,8 +41,20 @@ class LiveGateway:
         return self.app.state.runtime
 
     @property
-    def router(self) -> Any:
-        return self.runtime.router
+    def pool(self) -> Any:
+        return self.runtime.pool
+
+    def inflight(self) -> dict[str, int]:
+        return {name: b.inflight for name, b in self.pool.backends.items()}
+
+
+def circuit_open(backend: Any) -> bool:
+    """A backend's circuit is open now (it half-opens when its open period is over)."""
+    return backend.circuit.is_open(time.monotonic())
+
+
+def half_open(backend: Any) -> bool:
+    return backend.circuit.is_half_open(time.monotonic())
 
 
 def gateway_settings(pair: SimPair | None, **sections: dict[str, Any]) -> Any:

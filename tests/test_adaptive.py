@@ -6,9 +6,10 @@ import pytest
 
 from gateway.adaptive import CrossoverEstimator, ThroughputCurve
 from gateway.config import Routing
-from gateway.load import Lease, Router
-from gateway.policy import RequestFacts, effective_crossover
+from gateway.policy import effective_crossover
+from gateway.pool import Ask, Lease, Outcome, Pool
 from gateway.sim.profile import load_profiles
+from tests.test_load import one_pair
 
 PROFILES = load_profiles()
 
@@ -95,60 +96,52 @@ def test_a_bound_at_or_below_the_hysteresis_is_refused() -> None:
         Routing(hysteresis=6, crossover_bounds=(6, 40))
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+def learning_pool() -> Pool:
+    return one_pair(Routing(adaptive_crossover=True))
 
 
 def test_the_router_samples_a_stream_with_its_mean_load() -> None:
-    clock = Clock()
-    router = Router(Routing(adaptive_crossover=True), clock=clock)
-    leases = [router.admit(RequestFacts()) for _ in range(4)]
+    pool = learning_pool()
+    leases = [pool.admit(Ask(), now=0.0) for _ in range(4)]
     assert all(isinstance(lease, Lease) for lease in leases)
     first = leases[0]
-    first.mark_started()
-    clock.now = 10.0
+    first.first_byte(0.0)
     for lease in leases[1:3]:  # two others end halfway through its 20 s
-        lease.release()
-    clock.now = 20.0
+        lease.end(Outcome.SUCCESS, 10.0)
     first.output_tokens, first.output_chunks = 1001, 501
-    first.release()
-    assert router.estimator.samples == 1
-    ((running, bucket),) = router.estimator.mtp.buckets.items()
+    first.end(Outcome.SUCCESS, 20.0)
+    estimator = pool.pairs["default"].estimator
+    assert estimator.samples == 1
+    ((running, bucket),) = estimator.mtp.buckets.items()
     assert running == 3  # 4 streams for 10 s, then 2 for 10 s
     assert bucket.rate == pytest.approx(1000 / 20.0)
-    assert router.estimator.accept.rate == pytest.approx(2.0)
+    assert estimator.accept.rate == pytest.approx(2.0)
 
 
 def test_a_moved_stream_is_no_sample_of_either_server() -> None:
-    clock = Clock()
-    router = Router(Routing(adaptive_crossover=True), clock=clock)
-    lease = router.admit(RequestFacts())
-    lease.mark_started()
-    clock.now = 5.0
-    lease.move_to("plain")
-    clock.now = 10.0
+    pool = learning_pool()
+    lease = pool.admit(Ask(), now=0.0)
+    lease.first_byte(0.0)
+    lease.move_to(pool.backends["plain"], 5.0)
     lease.output_tokens = 500
-    lease.release()
-    assert router.estimator.samples == 0
+    lease.end(Outcome.SUCCESS, 10.0)
+    assert pool.pairs["default"].estimator.samples == 0
 
 
 def test_the_estimate_is_on_metrics() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from gateway.metrics import RouterCollector
+    from gateway.metrics import PoolCollector
 
-    router = Router(Routing(adaptive_crossover=True, crossover_bounds=(16, 48)))
-    router.health["mtp"].effective_cap = 24
+    pool = one_pair(Routing(adaptive_crossover=True, crossover_bounds=(16, 48)))
+    pool.backends["mtp"].record_server_info(24, None)
     registry = CollectorRegistry()
-    registry.register(RouterCollector(router))
+    registry.register(PoolCollector(pool))
     before = generate_latest(registry).decode()
     assert "\ngateway_learned_crossover " not in before  # nothing learned: no sample, no guess
-    feed(router.estimator, "mtp", range(1, 25), accept_length=1.5)
-    feed(router.estimator, "plain", range(16, 65))
+    estimator = pool.pairs["default"].estimator
+    feed(estimator, "mtp", range(1, 25), accept_length=1.5)
+    feed(estimator, "plain", range(16, 65))
     text = generate_latest(registry).decode()
     # Only ever seen at 1.5: MTP is behind from 20 running, below its cap (20 x 1.5 / 26.9 ms
     # = 1,114 tok/s against plain's 20 / 17.75 ms = 1,127).
@@ -170,19 +163,19 @@ async def test_a_relayed_stream_is_started_at_its_first_byte_and_becomes_a_sampl
 
     async with live_gateway(sim, routing={"adaptive_crossover": True}) as gateway, \
             httpx.AsyncClient(timeout=10) as client:
-        router = gateway.router
+        mtp, estimator = gateway.pool.backends["mtp"], gateway.pool.pairs["default"].estimator
         body = chat(max_tokens=64, stream=True, stream_options={"include_usage": True},
                     ignore_eos=True)
         stream = await OpenStream(client, gateway.url + "/v1/chat/completions", body).open()
         try:
             assert stream.backend == "mtp"
             # Its first byte came: it is no longer movable, though still in flight.
-            assert (router.inflight["mtp"], router.not_started["mtp"]) == (1, 0)
+            assert (mtp.inflight, mtp.not_started) == (1, 0)
             async for _ in stream.chunks:
                 pass
         finally:
             await stream.close()
         await settled(gateway, 0)
-        assert router.estimator.samples == 1
-        ((running, bucket),) = router.estimator.mtp.buckets.items()
+        assert estimator.samples == 1
+        ((running, bucket),) = estimator.mtp.buckets.items()
         assert running == 1 and bucket.rate > 0

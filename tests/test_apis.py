@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from gateway.upstream import Upstream
-from tests.conftest import LiveGateway, live_gateway
+from tests.conftest import LiveGateway, circuit_open, live_gateway
 from tests.live import serve_app, wait_until
 from tests.scripted import (
     MODEL,
@@ -259,7 +259,7 @@ async def test_a_full_queue_in_a_200_is_served_by_the_other_server(path: str) ->
                 ) == ("plain", "failover")
         assert QUEUE_FULL.encode() not in response.content
         assert b"Hello" in response.content or b"there" in response.content
-        assert gateway.runtime.breaker.failures["mtp"] == 1  # the circuit counts it
+        assert gateway.pool.backends["mtp"].circuit.failures == 1  # the circuit counts it
         metrics = (await client.get(gateway.url + "/metrics")).text
         assert 'gateway_upstream_errors_total{backend="mtp",kind="stream_error"} 1.0' in metrics
         await settled(gateway, 0)
@@ -279,7 +279,7 @@ async def test_both_queues_full_the_client_gets_sglangs_own_refusal(path: str) -
         metrics = (await client.get(gateway.url + "/metrics")).text
         for name in ("mtp", "plain"):
             assert f'gateway_upstream_errors_total{{backend="{name}",kind="stream_error"}} 1.0' in metrics
-            assert not gateway.router.health[name].circuit_open
+            assert not circuit_open(gateway.pool.backends[name])
         if path == "/v1/chat/completions":
             with pytest.raises(openai.APIError, match="queue is full"):
                 async for _ in await openai_client(gateway).chat.completions.create(
@@ -306,7 +306,7 @@ async def test_a_server_whose_streams_all_die_after_the_first_token_is_taken_out
             response = await post_raw(gateway, "/v1/chat/completions", {**CHAT, "stream": True})
             assert response.headers["x-gateway-backend"] == "mtp"
             assert b'data: {"error"' in response.content
-        assert gateway.router.health["mtp"].circuit_open
+        assert circuit_open(gateway.pool.backends["mtp"])
         served = await post_raw(gateway, "/v1/chat/completions", {**CHAT, "stream": True})
         assert served.headers["x-gateway-backend"] == "plain"
         assert served.content == b"".join(chat_events())
@@ -320,7 +320,7 @@ async def test_a_stream_ending_with_sglangs_own_error_event_counts_against_its_s
         for _ in range(2):
             response = await post_raw(gateway, "/v1/chat/completions", {**CHAT, "stream": True})
             assert response.content.endswith(b"data: [DONE]\n\n")
-        assert gateway.router.health["mtp"].circuit_open
+        assert circuit_open(gateway.pool.backends["mtp"])
 
 
 @pytest.mark.timeout(10)

@@ -129,13 +129,13 @@ class Harness:
 
     async def still_serving(self, headers: dict[str, str] | None = None) -> None:
         """Nothing in flight, no abort pending, and a real stream still goes through."""
-        router = self.gateway.router
+        router = self.gateway.pool
         await wait_until(lambda: router.concurrency == 0, timeout=5)
         await wait_until(lambda: not self.gateway.runtime.proxy.background, timeout=5)
         response = await self.client.post("/v1/chat/completions", headers=headers,
                                           json=chat(max_tokens=5, stream=True))
         assert response.status_code == 200 and sse_events(response.content)[-1] == "[DONE]"
-        assert router.inflight == {"mtp": 0, "plain": 0}
+        assert self.gateway.inflight() == {"mtp": 0, "plain": 0}
 
     async def metric_labels(self) -> set[str]:
         text = (await self.client.get("/metrics")).text
@@ -376,7 +376,7 @@ def test_generated_bad_requests_get_openai_shaped_4xx_and_leave_nothing_behind()
         # Label values are a small fixed vocabulary: nothing the client chose becomes a series.
         assert all(re.fullmatch(r"[A-Za-z0-9_.+]+", value) for value in labels), labels - labels_before
         assert len(labels) < 80, sorted(labels)
-        assert len(harness.gateway.router.sessions) <= 16
+        assert len(harness.gateway.pool.sessions) <= 16
     assert sum(kinds.values()) >= 1600  # + 300 keys + 150 routing changes: 2,050 in all
     categories = {"malformed_json", "wrong_content_type", "wrong_fields", "too_large",
                   "unknown_path", "wrong_method", "invalid_utf8", "unknown_model", "weird_headers"}
@@ -456,7 +456,7 @@ def test_accepted_routing_changes_leave_the_gateway_serving() -> None:
     })
     counts: Counter[int] = Counter()
     with Harness(auth={"admin_key": "admin-key"}) as harness:
-        original = harness.gateway.router.routing.model_dump(mode="json")
+        original = harness.gateway.pool.pairs["default"].routing.model_dump(mode="json")
 
         @settings(max_examples=150, deadline=None, database=None,
                   suppress_health_check=[HealthCheck.too_slow])
@@ -605,7 +605,7 @@ async def test_malformed_http_is_refused_never_5xx_never_a_hang(sim) -> None:
             if status == 400:  # what the HTTP parser refuses is OpenAI-shaped too
                 assert set(json.loads(raw.split(b"\r\n\r\n", 1)[1])["error"]) == ERROR_KEYS, raw
             assert b"admin" not in raw.split(b"\r\n\r\n", 1)[-1]  # the smuggled request never ran
-        await wait_until(lambda: runtime.router.concurrency == 0, timeout=5)
+        await wait_until(lambda: runtime.pool.concurrency == 0, timeout=5)
         async with httpx.AsyncClient() as client:
             response = await client.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=chat())
         assert response.status_code == 200
@@ -819,10 +819,10 @@ async def test_keys_never_appear_in_logs(caplog: pytest.LogCaptureFixture,
                 await response.aiter_raw().__anext__()
             # ... left mid-stream: the gateway posts /abort_request with the backend key
             await mtp.set_faults(Faults(refuse_connections=True))  # down: probes fail, logged
-            await wait_until(lambda: not gateway.router.health["mtp"].up, timeout=5)
+            await wait_until(lambda: not gateway.pool.backends["mtp"].up, timeout=5)
             assert (await client.post(url, json=chat(), headers=good)).status_code == 200
             await mtp.clear_faults()
-            await wait_until(lambda: gateway.router.health["mtp"].up, timeout=5)
+            await wait_until(lambda: gateway.pool.backends["mtp"].up, timeout=5)
             await wait_until(lambda: not gateway.runtime.proxy.background, timeout=5)
     formatter = logging.Formatter()
     logged = "\n".join(record.getMessage() + (formatter.formatException(record.exc_info)

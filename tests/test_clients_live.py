@@ -201,4 +201,4 @@ async def test_three_tool_calls_through_the_gateway_carry_three_ids(sim) -> None
             ids.update(call.id for call in answer.choices[0].message.tool_calls or [])
         assert len(ids) == 3, ids
         await client.close()
-        await wait_until(lambda: gateway.router.concurrency == 0)
+        await wait_until(lambda: gateway.pool.concurrency == 0)

@@ -348,7 +348,7 @@ async def test_dashboard_shows_admin_state_under_load(tmp_path: Path) -> None:
                 await asyncio.sleep(0.1)
             stop.set()
             await asyncio.wait_for(asyncio.gather(*churners), 10)
-            await wait_until(lambda: gateway.router.concurrency == HELD, timeout=5)
+            await wait_until(lambda: gateway.pool.concurrency == HELD, timeout=5)
 
             # Steady: nothing starts or ends. Let the page poll twice more, then read it.
             before = await admin_state(client, gateway.url, admin)

@@ -73,12 +73,12 @@ async def test_every_dashboard_metric_is_exported_by_a_live_scrape(sim) -> None:
             metric = getattr(gateway.runtime.metrics, name)
             return any(s.value for m in metric.collect() for s in m.samples)
 
-        await wait_until(lambda: counted("disconnects") and gateway.router.concurrency == 0)
+        await wait_until(lambda: counted("disconnects") and gateway.pool.concurrency == 0)
         # SGLang reports an accept length only once MTP has verified drafts; the monitor reads
         # /server_info every SERVER_INFO_EVERY rounds: run those rounds now, as time would.
         for _ in range(SERVER_INFO_EVERY):
             await gateway.runtime.monitor.probe_all()
-        assert gateway.router.health["mtp"].accept_length
+        assert gateway.pool.backends["mtp"].accept_length
 
         scrape = await client.get(gateway.url + "/metrics")
         assert scrape.status_code == 200

@@ -72,7 +72,7 @@ class OpenStream:
 
 
 async def settled(gateway: LiveGateway, concurrency: int) -> None:
-    await wait_until(lambda: gateway.router.concurrency == concurrency, timeout=5)
+    await wait_until(lambda: gateway.pool.concurrency == concurrency, timeout=5)
 
 
 # --- the real openai client --------------------------------------------------------------
@@ -161,7 +161,7 @@ async def test_capacity_guard_never_queues_behind_mtp_cap(sim) -> None:
     guarded = {"crossover": 200, "hysteresis": 10, "capacity_guard": True}
     async with live_gateway(sim, routing=guarded) as gateway, \
             httpx.AsyncClient(limits=httpx.Limits(max_connections=100)) as client:
-        assert gateway.router.health["mtp"].effective_cap == cap == 24
+        assert gateway.pool.backends["mtp"].effective_cap == cap == 24
         url = gateway.url + "/v1/chat/completions"
         streams = [await OpenStream(client, url, chat(max_tokens=100000, stream=True, ignore_eos=True)).open()
                    for _ in range(cap + 2)]
@@ -176,17 +176,17 @@ async def test_capacity_guard_never_queues_behind_mtp_cap(sim) -> None:
 async def test_failover_when_a_backend_is_down(sim) -> None:
     await sim.servers["mtp"].set_faults(Faults(refuse_connections=True))
     async with live_gateway(sim, monitor={"fall": 1}) as gateway, httpx.AsyncClient() as client:
-        await wait_until(lambda: not gateway.router.health["mtp"].up)
+        await wait_until(lambda: not gateway.pool.backends["mtp"].up)
         response = await client.post(gateway.url + "/v1/chat/completions", json=chat())
         assert response.status_code == 200
         assert response.headers["x-gateway-backend"] == "plain"
         assert response.headers["x-gateway-route-reason"] == "failover"
         await sim.servers["plain"].set_faults(Faults(refuse_connections=True))
-        await wait_until(lambda: not gateway.router.health["plain"].up)
+        await wait_until(lambda: not gateway.pool.backends["plain"].up)
         response = await client.post(gateway.url + "/v1/chat/completions", json=chat())
         assert response.status_code == 503
         assert response.json()["error"]["code"] == "no_backend_available"
-        assert gateway.router.concurrency == 0
+        assert gateway.pool.concurrency == 0
 
 
 @pytest.mark.timeout(30)
@@ -194,11 +194,11 @@ async def test_connection_refused_retries_on_the_other_backend_before_any_byte(s
     await sim.servers["mtp"].set_faults(Faults(refuse_connections=True))
     async with live_gateway(sim, monitor={"interval_s": 60}) as gateway, \
             httpx.AsyncClient() as client:
-        gateway.router.health["mtp"].up = True  # the monitor has not noticed yet
+        gateway.pool.backends["mtp"].up = True  # the monitor has not noticed yet
         response = await client.post(gateway.url + "/v1/chat/completions", json=chat(stream=True))
         assert response.status_code == 200 and response.headers["x-gateway-backend"] == "plain"
         assert response.content.endswith(b"data: [DONE]\n\n")
-        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+        assert gateway.inflight() == {"mtp": 0, "plain": 0}
         metrics = (await client.get(gateway.url + "/metrics")).text
         assert 'gateway_retries_total{from_backend="mtp",to_backend="plain"} 1.0' in metrics
 
@@ -212,7 +212,7 @@ async def test_inflight_returns_to_zero_after_normal_completion(sim) -> None:
         responses = await asyncio.gather(
             *(client.post(gateway.url + "/v1/chat/completions", json=b) for b in bodies))
         assert {r.status_code for r in responses} == {200}
-        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+        assert gateway.inflight() == {"mtp": 0, "plain": 0}
 
 
 @pytest.mark.timeout(30)
@@ -261,7 +261,7 @@ async def test_backend_crash_mid_stream_ends_with_an_error_event(sim, stock_uvic
         assert events[-1] == "[DONE]"
         assert json.loads(events[-2])["error"]["code"] == "upstream_stream_broken"
         assert all(json.loads(e) for e in events[:-1])  # no event was cut in half
-        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+        assert gateway.inflight() == {"mtp": 0, "plain": 0}
 
 
 @pytest.mark.timeout(30)
@@ -275,7 +275,7 @@ async def test_upstream_5xx_retries_then_reports_openai_shaped(sim) -> None:
         failed = await client.post(gateway.url + "/v1/chat/completions", json=chat(stream=True))
         assert failed.status_code == 503
         assert set(failed.json()["error"]) == {"message", "type", "param", "code"}
-        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+        assert gateway.inflight() == {"mtp": 0, "plain": 0}
 
 
 @pytest.mark.timeout(30)
@@ -287,7 +287,7 @@ async def test_first_byte_timeout_ends_cleanly(sim) -> None:
         response = await client.post(gateway.url + "/v1/chat/completions", json=chat(stream=True))
         assert response.status_code == 504
         assert response.json()["error"]["code"] == "upstream_timeout"
-        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+        assert gateway.inflight() == {"mtp": 0, "plain": 0}
         await wait_until(lambda: sim.servers["mtp"].live.engine.num_running == 0)
 
 
@@ -335,7 +335,7 @@ async def test_metrics_after_a_known_sequence(sim) -> None:
         'gateway_backend_effective_cap{backend="mtp"} 24.0',
         'gateway_backend_up{backend="plain"} 1.0',
     ]
-    expected.append(f"gateway_crossover {float(gateway.router.crossover)}")
+    expected.append(f"gateway_crossover {float(gateway.pool.pairs['default'].crossover)}")
     expected.append("gateway_crossover 31.0")  # the default crossover, unadapted (pinned above)
     assert [line for line in expected if line not in text] == []
 
@@ -347,10 +347,10 @@ async def test_hot_reload_of_routing(sim, tmp_path) -> None:
     config.write_text(base + "routing:\n  crossover: 24\n")
     async with live_gateway(sim, config_path=config) as gateway:
         config.write_text(base + "routing:\n  crossover: 7\n  hysteresis: 2\n")
-        await wait_until(lambda: gateway.router.routing.crossover == 7, timeout=5)
+        await wait_until(lambda: gateway.pool.pairs["default"].routing.crossover == 7, timeout=5)
         config.write_text(base + "routing:\n  crossover: oops\n")  # a bad edit is refused
         assert gateway.runtime.reload_from_file() is False
-        assert gateway.router.routing.crossover == 7
+        assert gateway.pool.pairs["default"].routing.crossover == 7
 
 
 @pytest.mark.timeout(30)
@@ -366,7 +366,7 @@ async def test_admin_routing_update_needs_the_admin_key(sim) -> None:
         bad = await client.put(url, json={"crossover": 2, "hysteresis": 5}, headers=good)
         assert bad.status_code == 400 and "hysteresis" in bad.json()["error"]["message"]
         ok = await client.put(url, json={"crossover": 8, "hysteresis": 3}, headers=good)
-        assert ok.status_code == 200 and gateway.router.routing.crossover == 8
+        assert ok.status_code == 200 and gateway.pool.pairs["default"].routing.crossover == 8
         state = (await client.get(gateway.url + "/admin/state", headers=good)).json()
         assert state["routing"]["crossover"] == 8 and state["mode"] == "mtp"
 
@@ -417,10 +417,10 @@ async def test_a_failure_that_cannot_be_retried_counts_once(sim) -> None:
     await sim.servers["mtp"].set_faults(Faults(fail_status=500))
     async with live_gateway(sim, monitor={"interval_s": 60}) as gateway, \
             httpx.AsyncClient() as client:
-        gateway.router.health["plain"].up = False  # nowhere to retry
+        gateway.pool.backends["plain"].up = False  # nowhere to retry
         response = await client.post(gateway.url + "/v1/chat/completions", json=chat())
         assert response.status_code == 500
-        assert gateway.runtime.breaker.failures["mtp"] == 1
+        assert gateway.pool.backends["mtp"].circuit.failures == 1
         metrics = (await client.get(gateway.url + "/metrics")).text
         assert 'gateway_upstream_errors_total{backend="mtp",kind="status_5xx"} 1.0' in metrics
 
@@ -463,7 +463,7 @@ async def test_a_backend_4xx_reaches_the_client_openai_shaped_and_spares_the_cir
         assert response.status_code == 400
         flat = {k: v for k, v in direct.json().items() if k != "object"}
         assert response.json() == {"error": flat}
-        assert gateway.runtime.breaker.failures["mtp"] == 0  # the client's mistake, not mtp's
+        assert gateway.pool.backends["mtp"].circuit.failures == 0  # the client's mistake, not mtp's
         client_error = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused")
         with pytest.raises(openai.BadRequestError) as raised:
             await client_error.chat.completions.create(**chat(), extra_body={"rid": 5})

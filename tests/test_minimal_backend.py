@@ -113,13 +113,13 @@ async def test_backend_without_loads_is_still_probed(caplog) -> None:
     async with gateway_with_minimal_mtp(backend) as gateway, httpx.AsyncClient() as client:
         fall = gateway.runtime.settings.monitor.fall
         await probe_rounds(gateway, fall)
-        assert gateway.router.health["mtp"].up
+        assert gateway.pool.backends["mtp"].up
         backend.models_status = 503
         await probe_rounds(gateway, fall)
-        assert not gateway.router.health["mtp"].up
+        assert not gateway.pool.backends["mtp"].up
         response = await client.post(gateway.url + "/v1/chat/completions", json={
             "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
         assert response.headers["x-gateway-backend"] == "plain"
         backend.models_status = 200
         await probe_rounds(gateway, gateway.runtime.settings.monitor.rise)
-        assert gateway.router.health["mtp"].up
+        assert gateway.pool.backends["mtp"].up

@@ -7,18 +7,19 @@ from __future__ import annotations
 import pytest
 
 from gateway.backends import BackendState, CircuitRules
-from gateway.config import Routing
+from gateway.config import Backend, Routing
 from gateway.pairs import PairChoice, PairView, choose_pair
 from gateway.pool import Ask, Failure, Lease, Outcome, PairSpec, Pool, blame
 
 ROUTING = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0)
-FIVE_XX = Failure("status_5xx", status_5xx=True)
+FIVE_XX = Failure("status_5xx", answered=True)
 CONNECT = Failure("connect")
 
 
 def pool(pairs: int = 1, *, failures_to_open: int = 3, open_s: float = 10.0,
          routing: Routing = ROUTING, **kwargs) -> Pool:
-    specs = [PairSpec(f"p{k}", f"http://mtp{k}", f"http://plain{k}", routing) for k in range(pairs)]
+    specs = [PairSpec(f"p{k}", Backend(url=f"http://mtp{k}"), Backend(url=f"http://plain{k}"),
+                      routing) for k in range(pairs)]
     return Pool(specs, now=0.0, circuit=CircuitRules(failures_to_open, open_s), **kwargs)
 
 
@@ -46,7 +47,7 @@ def test_one_pair_keeps_todays_backend_names():
 def fail(p: Pool, now: float, failure: Failure = CONNECT, *, after_first_byte: bool = False):
     lease = admit(p, now)
     if after_first_byte:
-        lease.first_byte()
+        lease.first_byte(1.0)
     return lease.end(Outcome.BACKEND_FAILURE, now, failure)
 
 
@@ -63,7 +64,7 @@ def test_a_first_byte_is_not_a_success():
     p = pool(failures_to_open=2)
     fail(p, 1.0, Failure("broken"), after_first_byte=True)
     lease = admit(p, 1.0)
-    lease.first_byte()  # a good start ...
+    lease.first_byte(1.0)  # a good start ...
     lease.end(Outcome.BACKEND_FAILURE, 1.0, Failure("broken"))  # ... broken all the same
     assert p.backends["mtp"].circuit.is_open(1.0)
 
@@ -74,7 +75,7 @@ def test_the_gateways_own_error_and_a_client_leaving_judge_no_backend(outcome):
     fail(p, 1.0)
     for _ in range(5):
         lease = admit(p, 1.0)
-        lease.first_byte()
+        lease.first_byte(1.0)
         assert lease.end(outcome, 1.0) == []
     mtp = p.backends["mtp"]
     assert mtp.circuit.failures == 1 and mtp.accepting(1.0)
@@ -156,7 +157,7 @@ def test_no_retry_when_every_other_server_is_out():
 
 def test_no_retry_after_the_first_byte():
     lease = admit(pool())
-    lease.first_byte()
+    lease.first_byte(1.0)
     assert lease.retry_elsewhere(CONNECT, 1.0) is None
 
 
@@ -178,7 +179,7 @@ def test_every_end_returns_the_count_to_zero_once(outcome):
     leases = [admit(p, 1.0) for _ in range(40)]
     for i, lease in enumerate(leases):
         if i % 3 == 0:
-            lease.first_byte()
+            lease.first_byte(1.0)
         if i % 4 == 0:
             lease.retry_elsewhere(CONNECT, 1.0)
         lease.end(outcome, 2.0, CONNECT)
@@ -233,7 +234,7 @@ def test_each_pair_changes_mode_on_its_own_load():
 
 
 def test_the_reported_load_counts_other_replicas_and_our_requests_since_the_reading():
-    mtp = BackendState("mtp", "p", "mtp", "http://x")
+    mtp = BackendState("mtp", "p", "mtp", Backend(url="http://x"))
     mtp.inflight = 4
     mtp.record_loads(running=10, waiting=2, now=100.0)  # ours 4, someone else's 8
     assert mtp.reported_load(100.0, 3.0) == 12

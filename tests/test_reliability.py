@@ -21,15 +21,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.config import Routing
-from gateway.load import Lease, Router
-from gateway.monitor import CircuitBreaker
-from gateway.policy import RequestFacts
+from gateway.backends import CircuitRules
+from gateway.pool import Ask, Failure, Lease, Outcome
 from gateway.sim.faults import Faults
 from gateway.sim.server import SimOptions, start_sim_pair
-from tests.conftest import LiveGateway, live_gateway
+from tests.conftest import LiveGateway, circuit_open, live_gateway
 from tests.live import serve_app, wait_until
 from tests.test_gateway_live import OpenStream, chat, settled, sse_events, text_of
+from tests.test_load import one_pair
 
 URL = "/v1/chat/completions"
 LONG = {"max_tokens": 100000, "ignore_eos": True, "stream": True}
@@ -163,7 +162,7 @@ async def test_stream_broken_before_its_first_byte_fails_over_with_the_full_answ
                     ) == ("plain", "failover")
             assert ending(raw) is None and text_of(raw) == text_of(reference.content)
         await settled(gateway, 0)
-        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+        assert gateway.inflight() == {"mtp": 0, "plain": 0}
         metrics = (await client.get(gateway.url + "/metrics")).text
         assert 'gateway_retries_total{from_backend="mtp",to_backend="plain"} 6.0' in metrics
 
@@ -320,13 +319,13 @@ async def test_both_backends_refusing_gives_a_clean_openai_shaped_502(sim) -> No
     async with live_gateway(sim, monitor={"interval_s": 60}) as gateway, \
             httpx.AsyncClient() as client:
         for backend in ("mtp", "plain"):  # the monitor has not noticed yet
-            gateway.router.health[backend].up = True
+            gateway.pool.backends[backend].up = True
         for body in (chat(stream=True), chat()):
             response = await client.post(gateway.url + URL, json=body)
             assert response.status_code == 502
             assert response.json()["error"]["code"] == "upstream_connect_error"
             assert set(response.json()["error"]) == {"message", "type", "param", "code"}
-        assert gateway.router.inflight == {"mtp": 0, "plain": 0}
+        assert gateway.inflight() == {"mtp": 0, "plain": 0}
 
 
 @pytest.mark.timeout(30)
@@ -335,7 +334,7 @@ async def test_backend_crash_and_restart_down_after_fall_up_after_rise(sim) -> N
     monitor = {"interval_s": 60, "fall": 2, "rise": 3}
     async with live_gateway(sim, monitor=monitor) as gateway, \
             httpx.AsyncClient(timeout=10) as client:
-        health, probe = gateway.router.health["mtp"], gateway.runtime.monitor.probe_all
+        health, probe = gateway.pool.backends["mtp"], gateway.runtime.monitor.probe_all
         streams = [await OpenStream(client, gateway.url + URL, chat(**LONG)).open() for _ in range(3)]
         assert {s.backend for s in streams} == {"mtp"}
         await sim.servers["mtp"].set_faults(Faults(refuse_connections=True))  # the process dies
@@ -377,14 +376,14 @@ async def test_a_backend_answering_garbage_probes_is_marked_down_and_probing_goe
         backends = {"mtp": {"url": fake_url}, "plain": {"url": sim.urls["plain"]}}
         async with live_gateway(None, backends=backends,
                                 monitor={"interval_s": 0.02, "fall": 2, "rise": 2}) as gateway:
-            health = gateway.router.health["mtp"]
-            await wait_until(lambda: gateway.runtime.monitor.streaks["mtp"].good >= 1)
+            health = gateway.pool.backends["mtp"]
+            await wait_until(lambda: gateway.pool.backends["mtp"].good_probes >= 1)
             for i, garbage in enumerate(GARBAGE_PROBE_ANSWERS):
                 fake.loads = garbage
                 await wait_until(lambda: not health.up, timeout=3)
                 fake.loads = {"loads": [{"num_running_reqs": i, "num_waiting_reqs": 1}]}
                 await wait_until(lambda: health.up, timeout=3)
-                assert (health.reported_running, health.reported_waiting) == (i, 1)
+                assert (health.loads.running, health.loads.waiting) == (i, 1)
 
 
 # --- the circuit breaker ---------------------------------------------------------------------
@@ -395,7 +394,7 @@ async def test_circuit_opens_after_consecutive_failures_and_a_half_open_trial_cl
     await sim.servers["mtp"].set_faults(Faults(fail_status=500))  # a 5xx burst, until cleared
     monitor = {"circuit_failures": 3, "circuit_open_s": open_s}
     async with live_gateway(sim, monitor=monitor) as gateway, httpx.AsyncClient() as client:
-        health = gateway.router.health["mtp"]
+        health = gateway.pool.backends["mtp"]
 
         async def one(stream: bool = False) -> httpx.Response:
             response = await client.post(gateway.url + URL, json=chat(max_tokens=4, stream=stream))
@@ -408,10 +407,10 @@ async def test_circuit_opens_after_consecutive_failures_and_a_half_open_trial_cl
             return float(text.split(line)[1].split()[0]) if line in text else 0.0
 
         for i in range(3):
-            assert not health.circuit_open, f"opened after {i} failures"
+            assert not circuit_open(health), f"opened after {i} failures"
             response = await one(stream=i % 2 == 1)
             assert response.headers["x-gateway-route-reason"] == "failover"
-        assert health.circuit_open
+        assert circuit_open(health)
         opened_at = time.monotonic()
         assert 'gateway_circuit_open{backend="mtp"} 1.0' in (await client.get(gateway.url + "/metrics")).text
 
@@ -419,47 +418,39 @@ async def test_circuit_opens_after_consecutive_failures_and_a_half_open_trial_cl
             assert (await one()).headers["x-gateway-backend"] == "plain"
         assert await mtp_failures() == 3
 
-        await wait_until(lambda: not health.circuit_open, timeout=5)  # half-open
+        await wait_until(lambda: not circuit_open(health), timeout=5)  # half-open
         assert time.monotonic() - opened_at >= open_s * 0.9
         trial = await one()  # the trial fails: open again at once, not after 3 more failures
         assert trial.headers["x-gateway-route-reason"] == "failover"
-        assert health.circuit_open and await mtp_failures() == 4
+        assert circuit_open(health) and await mtp_failures() == 4
 
         await sim.servers["mtp"].clear_faults()  # the backend recovered
-        await wait_until(lambda: not health.circuit_open, timeout=5)
+        await wait_until(lambda: not circuit_open(health), timeout=5)
         trial = await one(stream=True)
         assert trial.headers["x-gateway-backend"] == "mtp"
-        assert not health.circuit_open and gateway.runtime.breaker.failures["mtp"] == 0
+        assert not circuit_open(health) and gateway.pool.backends["mtp"].circuit.failures == 0
         for _ in range(3):
             assert (await one()).headers["x-gateway-backend"] == "mtp"
         await settled(gateway, 0)
 
 
-@pytest.mark.timeout(10)
-async def test_a_success_cancels_the_pending_half_open_of_an_earlier_opening() -> None:
-    """Open, closed by a success (a request admitted earlier got its first byte), open again:
-    the second opening must last its full `open_s`, not end at the first one's timer."""
+def test_a_success_cancels_the_pending_half_open_of_an_earlier_opening() -> None:
+    """Open, closed by a success (a request admitted earlier ended whole), open again: the
+    second opening must last its full `open_s`, not end when the first one's would have."""
     open_s = 0.4
-    router = Router(Routing())
-    breaker = CircuitBreaker(router, failures_to_open=2, open_s=open_s)
-    health = router.health["mtp"]
-    loop = asyncio.get_running_loop()
-    try:
-        breaker.failure("mtp")
-        breaker.failure("mtp")
-        assert health.circuit_open
-        breaker.success("mtp")
-        assert not health.circuit_open
-        first_opened = loop.time()
-        await wait_until(lambda: loop.time() >= first_opened + open_s / 2)  # time passes
-        breaker.failure("mtp")
-        breaker.failure("mtp")
-        reopened = loop.time()
-        assert health.circuit_open
-        await wait_until(lambda: not health.circuit_open, timeout=open_s * 3)
-        assert loop.time() - reopened >= open_s * 0.95, "half-opened by the earlier timer"
-    finally:
-        breaker.close()
+    pool = one_pair(circuit=CircuitRules(failures_to_open=2, open_s=open_s))
+    mtp = pool.backends["mtp"]
+    mtp.circuit_failure(10.0)
+    mtp.circuit_failure(10.0)
+    assert mtp.circuit.is_open(10.0)
+    mtp.circuit_success()
+    assert not mtp.circuit.is_open(10.0)
+    reopened = 10.0 + open_s / 2  # time passes
+    mtp.circuit_failure(reopened)
+    mtp.circuit_failure(reopened)
+    assert mtp.circuit.is_open(10.0 + open_s)  # the first opening would have ended here
+    assert mtp.circuit.is_open(reopened + open_s * 0.95)
+    assert not mtp.circuit.is_open(reopened + open_s)
 
 
 @pytest.mark.timeout(30)
@@ -479,8 +470,8 @@ async def test_requests_that_fail_on_both_servers_open_neither_circuit() -> None
                                            json=chat(stream=stream, user="make-it-fail"))
                 assert failed.status_code == 500
                 assert failed.json()["error"]["code"] == "upstream_error"
-            health = gateway.router.health
-            assert not health["mtp"].circuit_open and not health["plain"].circuit_open
+            health = gateway.pool.backends
+            assert not circuit_open(health["mtp"]) and not circuit_open(health["plain"])
             served = await client.post(gateway.url + URL, json=chat())
             assert served.status_code == 200 and served.headers["x-gateway-backend"] == "mtp"
             metrics = (await client.get(gateway.url + "/metrics")).text
@@ -488,41 +479,35 @@ async def test_requests_that_fail_on_both_servers_open_neither_circuit() -> None
             await settled(gateway, 0)
 
 
-@pytest.mark.timeout(10)
-async def test_half_open_lets_exactly_one_trial_through_at_a_time() -> None:
+def test_half_open_lets_exactly_one_trial_through_at_a_time() -> None:
     """After the open period one request tries the backend; the rest keep away until it
     succeeds (closed) or fails (open again). A trial the client abandons frees the next."""
-    router = Router(Routing())
-    breaker = CircuitBreaker(router, failures_to_open=2, open_s=0.05)
-    health = router.health["mtp"]
-    try:
-        breaker.failure("mtp")
-        breaker.failure("mtp")
-        assert isinstance(lease := router.admit(RequestFacts()), Lease)
-        assert lease.backend == "plain"  # open
-        lease.release()
-        await wait_until(lambda: health.half_open, timeout=2)
-        trial = router.admit(RequestFacts())
-        others = [router.admit(RequestFacts()) for _ in range(3)]
-        assert isinstance(trial, Lease) and trial.backend == "mtp" and trial.trial
-        assert [(o.backend, o.reason) for o in others] == [("plain", "failover")] * 3
-        trial.release()  # no verdict: the client went away first
-        second = router.admit(RequestFacts())
-        assert second.backend == "mtp" and second.trial
-        breaker.failure("mtp")  # the trial failed: open again at once
-        assert health.circuit_open and not health.half_open
-        second.release()
-        await wait_until(lambda: health.half_open, timeout=2)
-        third = router.admit(RequestFacts())
-        assert third.backend == "mtp" and third.trial
-        breaker.success("mtp")
-        assert health.accepting and not health.half_open
-        third.release()
-        for lease in others:
-            lease.release()
-        assert [router.admit(RequestFacts()).backend for _ in range(3)] == ["mtp"] * 3
-    finally:
-        breaker.close()
+    pool = one_pair(circuit=CircuitRules(failures_to_open=2, open_s=0.05))
+    mtp = pool.backends["mtp"]
+    mtp.circuit_failure(1.0)
+    mtp.circuit_failure(1.0)
+    assert isinstance(lease := pool.admit(Ask(), 1.0), Lease)
+    assert lease.backend.name == "plain"  # open
+    lease.end(Outcome.SUCCESS, 1.0)
+    now = 1.05
+    assert mtp.circuit.is_half_open(now)
+    trial = pool.admit(Ask(), now)
+    others = [pool.admit(Ask(), now) for _ in range(3)]
+    assert isinstance(trial, Lease) and trial.backend is mtp and trial.attempts[0].trial
+    assert [(o.backend.name, o.reason) for o in others] == [("plain", "failover")] * 3
+    trial.end(Outcome.CLIENT_GONE, now)  # no verdict: the client went away first
+    second = pool.admit(Ask(), now)
+    assert second.backend is mtp and second.attempts[0].trial
+    second.end(Outcome.BACKEND_FAILURE, now, Failure("connect"))  # failed: open again at once
+    assert mtp.circuit.is_open(now) and not mtp.circuit.is_half_open(now)
+    now += 0.05
+    third = pool.admit(Ask(), now)
+    assert third.backend is mtp and third.attempts[0].trial
+    third.end(Outcome.SUCCESS, now)
+    assert mtp.accepting(now) and not mtp.circuit.is_half_open(now)
+    for lease in others:
+        lease.end(Outcome.SUCCESS, now)
+    assert [pool.admit(Ask(), now).backend.name for _ in range(3)] == ["mtp"] * 3
 
 
 # --- admission and bounded state ---------------------------------------------------------------
@@ -540,7 +525,7 @@ async def test_over_max_inflight_gets_429_with_retry_after_and_recovers(sim) -> 
             assert response.json() == {"error": {
                 "message": response.json()["error"]["message"], "type": "rate_limit_error",
                 "param": None, "code": "gateway_overloaded"}}
-        assert gateway.router.concurrency == 3  # a refusal never holds a slot
+        assert gateway.pool.concurrency == 3  # a refusal never holds a slot
         metrics = (await client.get(gateway.url + "/metrics")).text
         assert 'gateway_rejected_total{reason="gateway_overloaded"} 20.0' in metrics
         await asyncio.gather(*(s.close() for s in held))
@@ -557,7 +542,7 @@ async def test_state_kept_per_client_stays_bounded(sim) -> None:
             response = await client.post(gateway.url + URL, json=chat(max_tokens=1),
                                          headers={"x-session-id": f"session-{i}"})
             assert response.status_code == 200
-        assert len(gateway.router.sessions) == 5
+        assert len(gateway.pool.sessions) == 5
         streams = [await OpenStream(client, gateway.url + URL, chat(**LONG)).open() for _ in range(8)]
         await asyncio.gather(*(s.close() for s in streams))  # eight disconnects, eight aborts
         await settled(gateway, 0)

@@ -134,4 +134,4 @@ async def test_gateway_routes_between_two_sglang_router_pools() -> None:
                     assert backend["up"] is True
                     assert backend["missing_endpoints"] == ["/server_info", "/v1/loads"]
                     assert backend["fallback"]
-                await wait_until(lambda: gateway.router.concurrency == 0, timeout=5)
+                await wait_until(lambda: gateway.pool.concurrency == 0, timeout=5)

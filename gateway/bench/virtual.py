@@ -1,7 +1,7 @@
 """The bench in the simulator's virtual time: no HTTP, deterministic, a C=128 sweep in seconds.
 
-A *virtual gateway* routes every request with the real :class:`gateway.load.Router` (and so the
-real :func:`gateway.policy.decide`), with ``now`` = virtual time, the effective caps the monitor
+A *virtual gateway* routes every request with the real :class:`gateway.pool.Pool` of one pair
+(and so the real :func:`gateway.policy.decide`), with ``now`` = virtual time, the effective caps the monitor
 would read from ``/server_info`` (the profiles' ``effective_max_running``), session affinity
 remembered when a request ends (as the relay does), MTP's accept length as the monitor reads
 it from ``/server_info`` (SGLang's cumulative ``avg_spec_accept_length``, refreshed every
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import LevelResult, RequestRecord, summarise
 from gateway.bench.workloads import WORD_ID_BASE, Job, Outcome, Script, Send, Think, Workload
-from gateway.config import Routing
-from gateway.load import Lease, Router
-from gateway.policy import RequestFacts
+from gateway.config import Backend, Routing
+from gateway.pool import Ask, Lease, PairSpec, Pool
+from gateway.pool import Outcome as LeaseOutcome
 from gateway.sim.engine import Request
 from gateway.sim.profile import Profile
 from gateway.sim.virtual import VirtualSim
@@ -81,10 +81,12 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
     if accept_drop is not None:
         profiles = {name: _accepting(profile, accept_drop[0]) for name, profile in profiles.items()}
     sim = VirtualSim(profiles, shared_device=shared_device, seed=seed)
-    router = Router(routing, clock=lambda: sim.now)
+    pool = Pool([PairSpec("default", Backend(url="http://sim/mtp"),
+                          Backend(url="http://sim/plain"), routing)], now=0.0,
+                max_sessions=routing.max_sessions)
     for name, profile in profiles.items():
-        if name in router.health:
-            router.health[name].effective_cap = profile.effective_max_running
+        if name in pool.backends:  # what the monitor reads from /server_info
+            pool.backends[name].record_server_info(profile.effective_max_running, None)
     records: list[RequestRecord] = []
     rids = itertools.count()
     counters = {"started": 0, "scripts": 0}
@@ -95,8 +97,10 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
             return
         refreshed[0] = sim.now
         for name, engine in sim.engines.items():
-            if name in router.health and engine.profile.speculative:
-                router.health[name].accept_length = engine.stats.avg_spec_accept_length or None
+            if name in pool.backends and engine.profile.speculative:
+                backend = pool.backends[name]
+                backend.record_server_info(backend.effective_cap,
+                                           engine.stats.avg_spec_accept_length or None)
 
     def next_script() -> None:
         if not plan.budget_left(counters["started"], sim.now):
@@ -147,13 +151,12 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
         record = RequestRecord(start=sim.now)
         records.append(record)
         monitor()
-        admitted = router.admit(RequestFacts(session_backend=router.sessions.get(job.session)),
-                                now=sim.now)
+        admitted = pool.admit(Ask(session=job.session), sim.now)
         if not isinstance(admitted, Lease):
             record.error, record.end = "no_backend", sim.now
             done(Outcome(0, error="no_backend"))
             return
-        record.backend = admitted.backend
+        record.backend = admitted.backend.name
         flight = _Flight(job, admitted, record, done)
         submit(flight, Request(f"r{next(rids):09d}", job.prompt_ids or (0,), job.max_tokens,
                                greedy=job.greedy))
@@ -167,7 +170,7 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
         def on_first(t: float) -> None:
             if record.first is None:
                 record.first = t
-            flight.lease.mark_started()
+            flight.lease.first_byte(t)
 
         def on_chunk(t: float, n: int) -> None:
             record.tokens += n
@@ -184,18 +187,18 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
                 record.error = reason
             flight.lease.output_tokens = flight.generated
             flight.lease.output_chunks = len(record.chunk_tokens)
-            flight.lease.release()
-            router.remember_session(flight.job.session, flight.lease.backend)
+            flight.lease.end(LeaseOutcome.SUCCESS if reason == "length"
+                             else LeaseOutcome.CLIENT_GONE, t)
             flight.done(Outcome(record.tokens, error=record.error))
 
-        sim.submit(flight.lease.backend, request, on_first_token=on_first, on_chunk=on_chunk,
+        sim.submit(flight.lease.backend.name, request, on_first_token=on_first, on_chunk=on_chunk,
                    on_finish=on_finish)
 
     def apply_moves() -> None:
-        moves = router.take_moves(now=sim.now)
+        moves = pool.take_moves(sim.now).get("default")
         if not moves:
             return
-        on_mtp = [f for f in flights.values() if f.lease.backend == "mtp"]
+        on_mtp = [f for f in flights.values() if f.lease.backend.name == "mtp"]
         unstarted = [f for f in on_mtp if not f.lease.started][:moves.not_started]
         running = [f for f in on_mtp if f.lease.started][:moves.running]
         for flight in unstarted + running:
@@ -206,7 +209,7 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
         del flights[old_rid]
         flight.rid = ""
         sim.abort("mtp", old_rid)
-        flight.lease.move_to("plain")
+        flight.lease.move_to(pool.backends["plain"], sim.now)
         flight.record.backend = "plain"
         job = flight.job
         prompt = (job.prompt_ids or (0,)) + generated_ids(old_rid, job, flight.generated)
