@@ -35,7 +35,7 @@ from gateway.config import Backend, Routing, load_settings
 from gateway.pool import Ask, Lease, PairSpec, Pool
 from gateway.pool import Outcome as LeaseOutcome
 from gateway.sim.engine import Request
-from gateway.sim.profile import Profile, load_profiles
+from gateway.sim.profile import Profile, load_profiles, seed_profiles
 from gateway.sim.virtual import VirtualSim
 
 # The monitor reads /server_info (MTP's accept length) every few rounds of monitor.interval_s.
@@ -347,6 +347,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="/v1/loads intervals in s for the 2-replica fleet, comma-separated; "
                              "'none' = own counts only (default %(default)s)")
     parser.add_argument("--config", default="config.yaml", help="routing section from here")
+    parser.add_argument("--profiles", choices=("seed", "pair"), default="seed",
+                        help="seed: the seed's calibrated caps (plain 68, MTP 24 running), which "
+                             "issue 13's targets were set with; pair: each pair's own memory "
+                             "(gateway.sim.memory) (default %(default)s)")
     parser.add_argument("--duration", type=float, default=DURATION_S)
     parser.add_argument("--warmup", type=float, default=WARMUP_S)
     parser.add_argument("--ramp", type=float, default=0.0, metavar="S",
@@ -360,13 +364,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     routing = load_settings(args.config if Path(args.config).exists() else None).routing
     plans = plan_levels(parse_levels(args.concurrency), duration_s=args.duration,
                         warmup_s=args.warmup)
+    profiles = seed_profiles() if args.profiles == "seed" else load_profiles()
     setups = [*(replicas_setup(s) for s in _parse_staleness(args.staleness)), ONE_GATEWAY,
               ONE_PAIR]
     command = "python -m gateway.bench.fleet " + " ".join(argv if argv is not None else sys.argv[1:])
     per_workload: dict[str, dict[str, list[LevelResult]]] = {}
     for workload in workloads:
         per_workload[workload] = run_fleet_sweep(
-            lambda w=workload: make_workload(w), plans, routing, load_profiles(), setups,
+            lambda w=workload: make_workload(w), plans, routing, profiles, setups,
             ramp_s=args.ramp, progress=lambda name, c: print(f"{name} C={c}", file=sys.stderr))
         text = markdown(per_workload[workload], workload, command)
         if args.markdown:
