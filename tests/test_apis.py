@@ -518,4 +518,4 @@ async def test_a_model_writing_error_event_text_is_not_a_failure() -> None:
         async with httpx.AsyncClient() as client:
             metrics = (await client.get(gateway.url + "/metrics")).text
         errors = [line for line in metrics.splitlines() if line.startswith("gateway_upstream_errors_total")]
-        assert errors == [] and gateway.runtime.breaker.failures["mtp"] == 0, errors
+        assert errors == [] and gateway.pool.backends["mtp"].circuit.failures == 0, errors
