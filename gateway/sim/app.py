@@ -35,6 +35,7 @@ from gateway.sim.requests import (
     anthropic_chosen_tool,
     anthropic_thinking,
     anthropic_tools,
+    choices_of,
     chosen_tool,
     max_tokens_of,
     read_json,
@@ -339,7 +340,7 @@ class SimApp:
 
     def _job(
         self, body: dict[str, Any], text: str, prompt_ids: list[int], max_tokens: int | None,
-        thinking: bool = False, tool_name: str | None = None, **extra: Any,
+        thinking: bool = False, tool_name: str | None = None, n: int = 1, **extra: Any,
     ) -> formats.Job:  # fmt: skip
         room = self.profile.context_length - len(prompt_ids)
         if not prompt_ids:
@@ -351,6 +352,8 @@ class SimApp:
             )
         ignore_eos = bool(body.get("ignore_eos"))
         plan = plan_output(self.identity.seed, text, max_tokens, ignore_eos, thinking, room)
+        samples = tuple(plan_output(self.identity.seed, f"{text}#{i}", max_tokens, ignore_eos, thinking, room)
+                        for i in range(n)) if n > 1 else ()  # fmt: skip
         options = body.get("stream_options") or {}
         model = str(body.get("model") or "default")
         return formats.Job(
@@ -364,6 +367,7 @@ class SimApp:
             tool_name=tool_name,
             tool_id=formats.new_tool_call_id() if tool_name else "",
             start_error=self._lora_error(model),
+            samples=samples,
             **extra,
         )
 
@@ -396,7 +400,7 @@ class SimApp:
         except ValueError as exc:
             raise RequestError(str(exc)) from exc
         max_tokens = max_tokens_of(body, "max_completion_tokens", "max_tokens")
-        return self._job(body, text, token_ids(text), max_tokens, thinking, tool)
+        return self._job(body, text, token_ids(text), max_tokens, thinking, tool, choices_of(body))
 
     def _parse_generate(self, body: dict[str, Any]) -> formats.Job:
         """One prompt (``text`` or ``input_ids``) with ``sampling_params``
@@ -425,7 +429,7 @@ class SimApp:
             text, ids = " ".join(map(str, prompt)), prompt
         else:
             raise RequestError("'prompt' must be a string or a list of token ids")
-        return self._job(body, text, ids, max_tokens_of(body, "max_tokens"))
+        return self._job(body, text, ids, max_tokens_of(body, "max_tokens"), n=choices_of(body))
 
     def _parse_messages(self, body: dict[str, Any]) -> formats.Job:
         """Anthropic requests carry no rid SGLang reads (anthropic/protocol.py:370): each
@@ -496,21 +500,95 @@ class SimApp:
             await until_or_disconnect(self.faults.wait_unhung(), request)
         except ClientGone:
             return Response(status_code=499)  # nobody is listening any more
+        jobs = samples_of(job)
         failure = self._failure_at_start(job)
+        queues: list[asyncio.Queue[Output]] = []
         if failure is None:
             try:
-                engine_request = EngineRequest(job.rid, job.prompt_ids, len(job.plan.words), job.greedy)
-                queue = self.live.submit(engine_request)
+                for one in jobs:
+                    engine_request = EngineRequest(one.rid, one.prompt_ids, len(one.plan.words), one.greedy)
+                    queues.append(self.live.submit(engine_request))
             except QueueFullError:
                 failure = Failure(503, formats.QUEUE_FULL)
             except ValueError as exc:
-                return api.refuse(RequestError(str(exc), err_type="BadRequest"))
+                failure = Failure(400, str(exc), raised=True)
+            if failure is not None:
+                for one in jobs[: len(queues)]:
+                    self.live.abort(one.rid, exact=True)
         if failure is not None:
             return self._fail(job, stream, api, failure)
         try:
-            return await self._respond(request, job, stream, queue, started, api)
+            if len(jobs) > 1:
+                return await self._respond_many(request, jobs, stream, queues, started, api)
+            return await self._respond(request, job, stream, queues[0], started, api)
         except ClientGone:
             return Response(status_code=499)  # the abort is under way (_client_gone)
+
+    async def _respond_many(
+        self, request: Request, jobs: list[formats.Job], stream: bool,
+        queues: list[asyncio.Queue[Output]], started: float, api: Api,
+    ) -> Response:  # fmt: skip
+        """`n > 1`: every sample is a request of its own (a fresh rid each, tokenizer_manager.py
+        :2174), answered together (the simulator skips SGLang's prefill-only warm-up request)."""
+        if stream:
+            events = self._stream_many(jobs, queues, api, started)
+            return StreamingResponse(events, media_type="text/event-stream")
+        progress = [[0] for _ in jobs]
+        collecting = [collect(Output(one.rid, 0), queue, count)
+                      for one, queue, count in zip(jobs, queues, progress, strict=True)]  # fmt: skip
+        try:
+            results = await until_or_disconnect(asyncio.gather(*collecting), request)
+        except ClientGone:
+            for one, queue, count in zip(jobs, queues, progress, strict=True):
+                self._client_gone(one.rid, queue, count[0], stream=False)
+            raise
+        bodies = []
+        for one, (generated, reason) in zip(jobs, results, strict=True):
+            self._record(one, generated, reason, started)
+            bodies.append(api.body(one, generated, reason))
+        return json_response(formats.merge_choices(bodies))
+
+    async def _stream_many(self, jobs: list[formats.Job], queues: list[asyncio.Queue[Output]], api: Api,
+                           started: float) -> AsyncIterator[bytes]:  # fmt: skip
+        """The choices' chunks as their outputs come (serving_chat.py:2493); chat's finish chunks
+        after the last output, all with the id of the choice that finished last, then the usage
+        (the prompt counted once) with that id too, then [DONE]."""
+        merged: asyncio.Queue[tuple[int, Output]] = asyncio.Queue()
+        pumps = [asyncio.create_task(pump(i, queue, merged)) for i, queue in enumerate(queues)]
+        renderers = [api.renderer(one) for one in jobs]
+        reasons: dict[int, str] = {}
+        last = 0
+        finished = False
+        try:
+            while len(reasons) < len(jobs):
+                i, output = await merged.get()
+                renderer = renderers[i]
+                events = [] if renderer.begun else renderer.begin()
+                events += renderer.output(output)
+                if output.finish_reason is not None:
+                    reasons[i], last = output.finish_reason, i
+                    self._record(jobs[i], renderer.generated, output.finish_reason, started)
+                    if not renderer.finish_after_all:
+                        events += renderer.finish(output.finish_reason)
+                for event in events:
+                    yield event
+            for i, renderer in enumerate(renderers):
+                if renderer.finish_after_all:
+                    named_last = api.renderer(dataclasses.replace(jobs[i], rid=jobs[last].rid))
+                    for event in named_last.finish(reasons[i]):
+                        yield event
+            if jobs[0].include_usage:
+                completion = sum(r.generated for r in renderers)
+                reasoning = sum(r.reasoning_generated for r in renderers)
+                yield renderers[last].usage(jobs[0].prompt_tokens, completion, reasoning)
+            yield formats.DONE
+            finished = True
+        finally:
+            for task in pumps:
+                task.cancel()
+            if not finished:  # cancelled: generate_request aborts every sample at once
+                for one in jobs:
+                    self.live.disconnect(one.rid)
 
     def _failure_at_start(self, job: formats.Job) -> Failure | None:
         if job.start_error is not None:  # raised inside generate_request before any output
@@ -918,6 +996,23 @@ class _EventBudget:
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def samples_of(job: formats.Job) -> list[formats.Job]:
+    """The requests an `n > 1` job becomes: fresh rids, the choice index, each its own answer."""
+    if len(job.samples) < 2:
+        return [job]
+    return [dataclasses.replace(job, rid=formats.new_rid(), plan=plan, index=i, samples=(),
+                                tool_id=formats.new_tool_call_id() if job.tool_name else "")
+            for i, plan in enumerate(job.samples)]  # fmt: skip
+
+
+async def pump(index: int, queue: asyncio.Queue[Output], merged: asyncio.Queue[tuple[int, Output]]) -> None:
+    while True:
+        output = await queue.get()
+        merged.put_nowait((index, output))
+        if output.finish_reason is not None:
+            return
 
 
 async def collect(first: Output, queue: asyncio.Queue[Output], progress: list[int]) -> tuple[int, str]:

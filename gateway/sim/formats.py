@@ -51,6 +51,8 @@ class Job:
     start_error: str | None = None  # what generate_request raises before any output (a 400)
     store: bool = False  # a Responses request kept in the server's response store
     prompt_text: str = ""  # kept for a stored response's follow-ups only
+    index: int = 0  # the choice, for `n > 1`
+    samples: tuple[Plan, ...] = ()  # `n > 1`: each sample's own answer
 
     def finish_reason(self, engine_reason: str) -> str:
         """Engine "length" means the plan ran out: a natural stop, the length limit or a tool
@@ -176,7 +178,7 @@ class ChatRenderer(Renderer):
     def __init__(self, job: Job) -> None:
         super().__init__(job)
         head = _chunk_head(job, "chat.completion.chunk")
-        self._head = head + '[{"index":0,"delta":'
+        self._head = head + f'[{{"index":{job.index},"delta":'
         self._usage_head = head + '[],"usage":'
         self._tail = ',"logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
         self._tool_started = False
@@ -207,20 +209,26 @@ class ChatRenderer(Renderer):
         delta = '{"role":null,"content":null,"reasoning_content":null,"tool_calls":' + compact([call]) + "}"
         return (self._head + delta + self._tail[:-3] + ',"usage":null}\n\n').encode()
 
+    # With `n > 1` the finish chunks of every choice come after the last output, all with the
+    # id of the choice that finished last (serving_chat.py:2640).
+    finish_after_all = True
+
     def end(self, engine_reason: str) -> list[bytes]:
+        return self.finish(engine_reason) + self._usage_and_done()
+
+    def finish(self, engine_reason: str) -> list[bytes]:
         reason = self.job.finish_reason(engine_reason)
         stop = compact(matched_stop(reason))
         finish = f',"logprobs":null,"finish_reason":"{reason}","matched_stop":{stop}}}]}}\n\n'
-        events = [(self._head + '{"reasoning_content":null}' + finish).encode()]
-        return events + self._usage_and_done()
+        return [(self._head + '{"reasoning_content":null}' + finish).encode()]
 
     def _usage_and_done(self) -> list[bytes]:
-        events = []
-        if self.job.include_usage:
-            usage = chat_usage(self.reported_prompt_tokens, self.generated, self.reasoning_generated)
-            events.append((self._usage_head + compact(usage) + "}\n\n").encode())
-        events.append(DONE)
-        return events
+        if not self.job.include_usage:
+            return [DONE]
+        return [self.usage(self.reported_prompt_tokens, self.generated, self.reasoning_generated), DONE]
+
+    def usage(self, prompt: int, completion: int, reasoning: int) -> bytes:
+        return (self._usage_head + compact(chat_usage(prompt, completion, reasoning)) + "}\n\n").encode()
 
     def abort(self, status: int, message: str) -> list[bytes]:
         """serving_chat.py:2562-2578: the error chunk, then (as after any end) the usage chunk
@@ -234,7 +242,7 @@ class CompletionRenderer(Renderer):
     def __init__(self, job: Job) -> None:
         super().__init__(job)
         head = _chunk_head(job, "text_completion")
-        self._head = head + '[{"index":0,"text":"'
+        self._head = head + f'[{{"index":{job.index},"text":"'
         self._usage_head = head + '[],"usage":'
         self._open_tail = '","logprobs":null,"finish_reason":null,"matched_stop":null}]}\n\n'
         self._pending: list[str] = []
@@ -254,19 +262,24 @@ class CompletionRenderer(Renderer):
         tail = f'","logprobs":null,"finish_reason":"{reason}","matched_stop":{stop}}}]}}\n\n'
         return (self._head + text + tail).encode()
 
+    finish_after_all = False  # the finish reason rides in each choice's last chunk
+
     def end(self, engine_reason: str) -> list[bytes]:
-        events = [self._chunk("".join(self._pending), self.job.finish_reason(engine_reason))]
-        return events + self._usage_and_done()
+        return self.finish(engine_reason) + self._usage_and_done()
+
+    def finish(self, engine_reason: str) -> list[bytes]:
+        return [self._chunk("".join(self._pending), self.job.finish_reason(engine_reason))]
 
     def _usage_and_done(self) -> list[bytes]:
-        events = []
-        if self.job.include_usage:  # serving_completions.py:495: exclude_none, so no nulls
-            prompt = self.reported_prompt_tokens
-            usage = {"prompt_tokens": prompt, "total_tokens": prompt + self.generated,
-                     "completion_tokens": self.generated, "reasoning_tokens": 0}  # fmt: skip
-            events.append((self._usage_head + compact(usage) + "}\n\n").encode())
-        events.append(DONE)
-        return events
+        if not self.job.include_usage:
+            return [DONE]
+        return [self.usage(self.reported_prompt_tokens, self.generated, 0), DONE]
+
+    def usage(self, prompt: int, completion: int, reasoning: int) -> bytes:
+        """serving_completions.py:495: exclude_none, so no nulls."""
+        usage = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                 "completion_tokens": completion, "reasoning_tokens": reasoning}  # fmt: skip
+        return (self._usage_head + compact(usage) + "}\n\n").encode()
 
     def abort(self, status: int, message: str) -> list[bytes]:
         """serving_completions.py:362-372, then usage and [DONE] as after any end."""
@@ -552,13 +565,14 @@ def responses_body(job: Job, output: list[dict[str, Any]], status: str,
 def chat_body(job: Job, generated: int, engine_reason: str) -> dict[str, Any]:
     reasoning, content = split_answer(job.plan, generated)
     reason = job.finish_reason(engine_reason)
-    message: dict[str, Any] = {"role": "assistant", "content": content or None,
+    # serving_chat.py:2995: content is "" rather than null when there is no text.
+    message: dict[str, Any] = {"role": "assistant", "content": content,
                                "reasoning_content": reasoning or None}  # fmt: skip
     if job.tool_name is not None:
-        message["content"] = None
+        message["content"] = ""
         function = {"name": job.tool_name, "arguments": tool_arguments(content, True, True)}
         message["tool_calls"] = [{"id": job.tool_id, "index": 0, "type": "function", "function": function}]
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason,
+    choice = {"index": job.index, "message": message, "logprobs": None, "finish_reason": reason,
               "matched_stop": matched_stop(reason)}  # fmt: skip
     reasoning_tokens = min(generated, job.plan.reasoning_tokens)
     return {
@@ -571,7 +585,7 @@ def chat_body(job: Job, generated: int, engine_reason: str) -> dict[str, Any]:
 def completion_body(job: Job, generated: int, engine_reason: str) -> dict[str, Any]:
     reason = job.finish_reason(engine_reason)
     text = "".join(split_answer(job.plan, generated))
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+    choice = {"index": job.index, "text": text, "logprobs": None, "finish_reason": reason,
               "matched_stop": matched_stop(reason)}  # fmt: skip
     usage = chat_usage(job.prompt_tokens, generated, 0)
     return {
@@ -670,3 +684,15 @@ def generate_body_of(job: Job, text: str, generated: int, finish: dict[str, Any]
 def generate_body(job: Job, generated: int, engine_reason: str) -> dict[str, Any]:
     text = "".join(split_answer(job.plan, generated))
     return generate_body_of(job, text, generated, generate_finish(job, engine_reason), {})
+
+
+def merge_choices(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """An `n > 1` answer from each choice's own (serving_chat.py:3040): the first choice's id,
+    every choice, the prompt counted once and the completions summed."""
+    merged = dict(bodies[0])
+    merged["choices"] = [body["choices"][0] for body in bodies]
+    prompt = bodies[0]["usage"]["prompt_tokens"]
+    completion = sum(body["usage"]["completion_tokens"] for body in bodies)
+    reasoning = sum(body["usage"]["reasoning_tokens"] for body in bodies)
+    merged["usage"] = chat_usage(prompt, completion, reasoning)
+    return merged

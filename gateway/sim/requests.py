@@ -68,6 +68,18 @@ def max_tokens_of(body: Mapping[str, Any], *keys: str) -> int | None:
     return None
 
 
+def choices_of(body: Mapping[str, Any]) -> int:
+    """``n`` (chat and completions: ``n: int = 1``, read as pydantic's lax int: 2, 2.0, "2")."""
+    n = body.get("n", 1)
+    if isinstance(n, str) and n.strip().isdigit():
+        n = int(n)
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
+    if type(n) is not int or n < 1:
+        raise RequestError("n: Input should be a positive integer", err_type="Bad Request", param="n")
+    return n
+
+
 # --- which tool the model calls ---------------------------------------------------------------
 # The simulated model calls a tool when the request forces one, or, with tool_choice "auto",
 # when the conversation ends with the user speaking (not with a tool result): so an agent's

@@ -125,6 +125,7 @@ async def test_tool_call_ids_are_fresh_per_call(pair):
             **{**CHAT, "max_tokens": 300}, tools=tools, tool_choice="required", extra_body={"rid": rid})
         ids.add(answer.choices[0].message.tool_calls[0].id)
     assert len(ids) == 3 and all(i.startswith("call_") and len(i) == 29 for i in ids)
+    assert answer.choices[0].message.content == ""  # serving_chat: "" rather than null
     json.loads(answer.choices[0].message.tool_calls[0].function.arguments)
 
 
@@ -235,3 +236,40 @@ async def test_messages_and_responses_streams_answer_before_the_first_token(pair
         url = pair.urls["plain"] + "/v1/messages"
         async with http.stream("POST", url, json={**MESSAGES, "stream": True}) as r:
             assert r.status_code == 200 and server.live.engine.stats.generated_tokens == 0
+
+
+async def test_n_choices_each_a_request_with_a_random_rid(pair):
+    """n > 1: each sample gets a fresh rid (tokenizer_manager regenerate_rid), so the client's
+    rid names nothing; a stream carries each choice's chunks under its own id, the finish chunks
+    and usage after the last output; the prompt is counted once."""
+    client = oai(pair.urls["plain"])
+    whole = await client.chat.completions.create(**{**CHAT, "max_tokens": 300}, n=3,
+                                                 extra_body={"rid": "mine"})  # fmt: skip
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert len({c.message.content for c in whole.choices}) == 3 and whole.id != "mine"
+    lengths = sum(len(c.message.content.split()) for c in whole.choices)
+    prompt = (await client.chat.completions.create(**CHAT)).usage.prompt_tokens
+    assert whole.usage.completion_tokens == lengths and whole.usage.prompt_tokens == prompt
+    async with httpx.AsyncClient() as http:
+        raw = (await http.post(pair.urls["plain"] + "/v1/chat/completions", json={
+            **CHAT, "n": 2, "rid": "mine", "stream": True, "stream_options": {"include_usage": True}})).text
+    chunks = [json.loads(block[6:]) for block in raw.split("\n\n")[:-2]]
+    content = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"] is None]
+    ids = {c["choices"][0]["index"]: c["id"] for c in content}
+    assert sorted(ids) == [0, 1] and len(set(ids.values())) == 2 and "mine" not in ids.values()
+    finishes = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert [c["choices"][0]["index"] for c in finishes] == [0, 1]
+    assert len({c["id"] for c in finishes}) == 1 and chunks[-1]["id"] == finishes[0]["id"]
+    assert chunks[-1]["usage"]["prompt_tokens"] == prompt and chunks[-1]["choices"] == []
+
+
+async def test_a_stream_of_n_choices_is_aborted_whole_when_its_client_leaves(pair):
+    engine = pair.servers["plain"].live.engine
+    body = {"model": "m", "prompt": "go", "max_tokens": 100_000, "ignore_eos": True, "stream": True,
+            "n": 3}  # fmt: skip
+    async with httpx.AsyncClient() as http:
+        async with http.stream("POST", pair.urls["plain"] + "/v1/completions", json=body) as response:
+            lines = response.aiter_lines()
+            await anext(lines)
+            assert engine.num_running + engine.num_waiting == 3
+        await wait_until(lambda: engine.num_running + engine.num_waiting == 0)
