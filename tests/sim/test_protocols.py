@@ -2,6 +2,7 @@
 model names, the stream flag, error envelopes, rids, tool-call ids."""
 
 import json
+import re
 
 import anthropic
 import httpx
@@ -273,3 +274,57 @@ async def test_a_stream_of_n_choices_is_aborted_whole_when_its_client_leaves(pai
             await anext(lines)
             assert engine.num_running + engine.num_waiting == 3
         await wait_until(lambda: engine.num_running + engine.num_waiting == 0)
+
+
+async def test_messages_stream_bytes_are_sglangs_pydantic_dumps(pair):
+    """model_dump_json(exclude_none=True) of anthropic/protocol.py's events: compact, no nulls
+    (no stop_reason in message_start, no stop_sequence in message_delta), event name = type."""
+    body = {**MESSAGES, "max_tokens": 5, "stream": True, "ignore_eos": True}
+    async with httpx.AsyncClient() as http:
+        raw = (await http.post(pair.urls["plain"] + "/v1/messages", json=body)).text
+    def event(name: str, data: str) -> str:
+        return f"event: {name}\ndata: {data}\n\n"
+    expected = (
+        event("message_start", '{"type":"message_start","message":{"id":"msg_[0-9a-f]{32}","type":"message",'
+              '"role":"assistant","content":\\[\\],"model":"claude-sonnet-4-5",'
+              '"usage":{"input_tokens":\\d+,"output_tokens":0}}}')
+        + event("content_block_start", '{"type":"content_block_start","index":0,'
+                '"content_block":{"type":"text","text":""}}')
+        + "(" + event("content_block_delta", '{"type":"content_block_delta","index":0,'
+                      '"delta":{"type":"text_delta","text":"[a-z ]+"}}') + ")+"
+        + event("content_block_stop", '{"type":"content_block_stop","index":0}')
+        + event("message_delta", '{"type":"message_delta","delta":{"stop_reason":"max_tokens"},'
+                '"usage":{"output_tokens":5}}')
+        + event("message_stop", '{"type":"message_stop"}')
+    )  # fmt: skip
+    assert re.fullmatch(expected, raw), raw
+
+
+# protocol.py ResponsesResponse
+RESPONSES_FIELDS = {"id", "object", "created_at", "model", "output", "status", "usage",
+                    "parallel_tool_calls", "tool_choice", "tools", "error", "incomplete_details",
+                    "instructions", "max_output_tokens", "previous_response_id", "reasoning", "store",
+                    "temperature", "text", "top_p", "truncation", "user", "metadata"}  # fmt: skip
+
+
+async def test_responses_function_calls_and_the_body_fields(pair):
+    client = oai(pair.urls["mtp"])
+    tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object"}}]
+    called = await client.responses.create(model=SERVED, input="find it", tools=tools, max_output_tokens=400)
+    call = called.output[-1]
+    assert call.type == "function_call" and call.name == "lookup" and call.call_id.startswith("call_")
+    assert isinstance(json.loads(call.arguments), dict)
+    follow = [{"role": "user", "content": "find it"}, call.model_dump(exclude_none=True),
+              {"type": "function_call_output", "call_id": call.call_id, "output": "found"}]  # fmt: skip
+    answer = await client.responses.create(model=SERVED, input=follow, tools=tools, max_output_tokens=400)
+    assert answer.output[-1].type == "message" and answer.output_text
+    stream = await client.responses.create(model=SERVED, input="find it", tools=tools, max_output_tokens=400,
+                                           tool_choice="required", stream=True)  # fmt: skip
+    events = [event async for event in stream]
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert args == events[-1].response.output[-1].arguments
+    async with httpx.AsyncClient() as http:
+        url = pair.urls["mtp"] + "/v1/responses"
+        raw = (await http.post(url, json={"model": SERVED, "input": "x"})).json()
+    assert set(raw) == RESPONSES_FIELDS
+    assert raw["usage"]["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 0}
