@@ -210,7 +210,7 @@ def _output(args: argparse.Namespace, results: dict[str, list[LevelResult]], met
     if args.plot:
         title = f"{meta['workload']} workload — {meta['mode']}" + (
             f"\n{meta['hardware']}" if meta.get("hardware") else "")
-        if report.plot(args.plot, results, title):
+        if report.plot(args.plot, results, title, with_queueing=bool(meta.get("hardware"))):
             print(f"plot: {args.plot}", file=sys.stderr)
         else:
             print("plot skipped: matplotlib is not installed (pip install 'mtp-gateway[plot]')",

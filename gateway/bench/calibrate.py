@@ -230,3 +230,51 @@ def fit_profile(base: Profile, results: Sequence[LevelResult], cap: int | None,
         fields["max_running_requests"] = cap
         fields["mamba_slots"] = None
     return replace(base, **fields)
+
+
+# --- the pair against one server owning the GPUs ---------------------------------------------
+
+PAIR_BEST = "pair"
+
+
+def pair_best(mtp: Sequence[LevelResult], plain: Sequence[LevelResult]) -> list[LevelResult]:
+    """Per level, the pair's better server by aggregate tok/s, each measured alone: what ideal
+    routing could reach. An upper bound for the gateway, which pays for switching and, while
+    both servers run, for time-slicing the GPU."""
+    by_plain = {r.concurrency: r for r in plain}
+    rows = []
+    for m in sorted(mtp, key=lambda r: r.concurrency):
+        p = by_plain.get(m.concurrency)
+        if p is None:
+            continue
+        best = p if _finite(p.aggregate_tps) > _finite(m.aggregate_tps) else m
+        rows.append(replace(best, target=PAIR_BEST, share={best.target: 1.0}))
+    return rows
+
+
+def _finite(x: float) -> float:
+    return -math.inf if x is None or math.isnan(x) else x
+
+
+def fitted_pair(base: Mapping[str, Profile], results: Mapping[str, Sequence[LevelResult]],
+                caps: Mapping[str, int | None], accept_length: float | None, num_steps: int | None,
+                greedy_repetitive: bool) -> dict[str, Profile]:
+    """The measured curves as simulator profiles (what --profile-out saves)."""
+    return {name: fit_profile(base[name], results[name], caps[name],
+                              accept_length=accept_length if name == "mtp" else None,
+                              num_steps=num_steps if name == "mtp" else None,
+                              greedy_repetitive=greedy_repetitive)
+            for name in ("mtp", "plain")}
+
+
+def estimated_singles(fitted: Mapping[str, Profile], hardware: str, workload_factory,
+                      plans, routing) -> dict[str, list[LevelResult]]:
+    """One server owning the GPUs, in virtual time: the pair's measured step times with the
+    memory such a server would have (gateway.sim.memory on ``hardware``). Its steps above the
+    pair's running caps were never measured: they follow the last measured segment. The
+    adaptive server is derived from MTP's one-step table, so only when MTP ran one step."""
+    from gateway.bench.targets import build_targets, run_target_sweep
+
+    names = ["single-plain", "single-mtp"] + (["single-adaptive"] if fitted["mtp"].num_steps == 1 else [])
+    targets = build_targets(names, hardware, pair=fitted)
+    return run_target_sweep(workload_factory, plans, routing, targets)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,11 @@ from gateway.bench import report
 from gateway.bench.calibrate import (
     DEFAULT_OBJECTIVE,
     OBJECTIVES,
+    PAIR_BEST,
+    estimated_singles,
     find_crossover,
-    fit_profile,
+    fitted_pair,
+    pair_best,
     set_routing_values,
     suggested_hysteresis,
 )
@@ -32,6 +36,7 @@ from gateway.bench.levels import parse_levels, plan_levels
 from gateway.bench.loadgen import Target, _join, run_http_sweep
 from gateway.bench.progress import Progress
 from gateway.bench.workloads import make_workload
+from gateway.sim.memory import HARDWARE
 from gateway.speed import add_speed_argument
 
 CALIBRATE_LEVELS = "1,2,4,8,16,24,32,48,64,128"
@@ -63,6 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "per-request, where MTP's requests stop being faster for their users")
     parser.add_argument("--write", metavar="CONFIG", help="update routing.crossover in this file in place")
     parser.add_argument("--profile-out", metavar="PATH", help="save the measured curves as sim profiles")
+    parser.add_argument("--hardware", choices=tuple(HARDWARE),
+                        help="your GPUs: also estimate, in virtual time, what one server owning them "
+                             "would do (your measured step times, that server's memory) and compare")
+    parser.add_argument("--single", action="append", default=[], metavar="NAME=JSON",
+                        help="a measured single server owning the GPUs to compare with (repeatable): "
+                             "the JSON of `mtp-gateway bench --url URL --json JSON`, run while the "
+                             "pair is stopped")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--plot", metavar="PATH")
     add_speed_argument(parser, reported=True)
@@ -97,6 +109,7 @@ async def calibrate(args: argparse.Namespace) -> int:
         plans = plan_levels(levels, args.requests_per_level, args.duration,
                             args.warmup if args.duration else 0.0)
         make_workload(args.workload, args.seed, args.max_tokens)  # validate early
+        singles = _measured_singles(args.single)
     except (ValueError, OSError) as exc:
         print(f"mtp-gateway calibrate: {exc}", file=sys.stderr)
         return 2
@@ -126,24 +139,28 @@ async def calibrate(args: argparse.Namespace) -> int:
     outcome = find_crossover(results["mtp"], results["plain"], caps["mtp"] if guard else None,
                              args.objective)
     print("\n" + outcome.explain())
-    if args.json:
-        report.write_json(args.json, results, {
-            "mode": "HTTP calibrate", "workload": args.workload, "speed": args.speed,
-            "caps": caps, "accept_length": accept,
-            "objective": args.objective, "aggregate_crossing": outcome.aggregate.level,
-            "per_request_crossing": outcome.per_request.level,
-            "crossover": outcome.crossover, "uncapped_crossover": outcome.uncapped})
+    json_meta = {
+        "mode": "HTTP calibrate", "workload": args.workload, "speed": args.speed,
+        "caps": caps, "accept_length": accept,
+        "objective": args.objective, "aggregate_crossing": outcome.aggregate.level,
+        "per_request_crossing": outcome.per_request.level,
+        "crossover": outcome.crossover, "uncapped_crossover": outcome.uncapped}
     if args.plot:
         report.plot(args.plot, results, f"calibrate: {args.workload} workload")
+    if args.hardware or args.profile_out:
+        steps = infos["mtp"].get("speculative_num_steps")
+        fitted = fitted_pair(load_profiles(), results, caps, accept, steps,
+                             greedy_repetitive=args.workload == "seed")
+    if args.hardware:
+        singles |= estimated_singles(fitted, args.hardware,
+                                     lambda: make_workload(args.workload, args.seed, args.max_tokens),
+                                     plans, current)
+    rows = _print_verdict(results, singles, args.hardware, bool(args.single))
+    if args.json:
+        report.write_json(args.json, results, {**json_meta, "verdict": rows,
+                                               "hardware": args.hardware, "singles": list(singles)})
     if args.profile_out:
-        base = load_profiles()
-        profiles = {name: fit_profile(base[name], results[name], caps[name],
-                                      accept_length=accept if name == "mtp" else None,
-                                      num_steps=infos["mtp"].get("speculative_num_steps") if name == "mtp"
-                                      else None,
-                                      greedy_repetitive=args.workload == "seed")
-                    for name in ("mtp", "plain")}
-        save_profiles(profiles, args.profile_out, comment=(
+        save_profiles(fitted, args.profile_out, comment=(
             f"Measured by `mtp-gateway calibrate` ({args.workload} workload) against\n"
             f"mtp {args.mtp} and plain {args.plain}: step_ms = tokens per step * 1000 /\n"
             f"per-request tok/s at each concurrency up to the running cap (caps {caps});\n"
@@ -176,3 +193,40 @@ async def calibrate(args: argparse.Namespace) -> int:
     else:
         print("not written: pass --write CONFIG to update routing.crossover")
     return 0
+
+
+def _measured_singles(specs: list[str]) -> dict[str, list]:
+    """``NAME=JSON`` files of `bench --url` runs: each file's first target, named NAME."""
+    from gateway.bench.headline import load
+
+    singles = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--single takes NAME=JSON, got {spec!r}")
+        _, results = load(path)
+        if not results:
+            raise ValueError(f"{path}: no results")
+        singles[name] = [replace(r, target=name) for r in next(iter(results.values()))]
+    return singles
+
+
+def _print_verdict(results: dict, singles: dict, hardware: str | None, measured: bool) -> list:
+    """The pair (its better server at each level) against single servers owning the GPUs."""
+    if not singles:
+        print("\nagainst one server owning the GPUs: pass --hardware (an estimate) or --single "
+              "NAME=JSON (a measurement) to compare")
+        return []
+    source = []
+    if measured:
+        source.append("measured (--single)")
+    if hardware:
+        source.append(f"estimated in virtual time for {HARDWARE[hardware].label}: your measured step "
+                      "times with the memory of one server owning the GPUs (gateway/sim/memory.py); "
+                      "batches above the pair's caps follow the last measured segment")
+    rows = report.verdict({PAIR_BEST: pair_best(results["mtp"], results["plain"]), **singles}, pair=PAIR_BEST)
+    print("\n## The pair against one server owning the GPUs\n")
+    print("Single servers: " + "; ".join(source) + ". The pair: its better server at each level, each "
+          "measured alone (an upper bound for the gateway: switching and time-slicing cost more).\n")
+    print(report.verdict_table(rows, pair_label="pair"))
+    return rows

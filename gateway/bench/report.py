@@ -106,8 +106,12 @@ def write_json(path: str | Path, results: Mapping[str, Sequence[LevelResult]],
     Path(path).write_text(json.dumps(to_json(results, meta), indent=2) + "\n", encoding="utf-8")
 
 
-def plot(path: str | Path, results: Mapping[str, Sequence[LevelResult]], title: str = "") -> bool:
-    """Per-request and aggregate tok/s against concurrency; False when matplotlib is missing."""
+def plot(path: str | Path, results: Mapping[str, Sequence[LevelResult]], title: str = "",
+         with_queueing: bool = False) -> bool:
+    """Per-request and aggregate tok/s against concurrency; False when matplotlib is missing.
+
+    ``with_queueing``: per-request is what a user gets, tokens / e2e (time queued behind a
+    running cap included), instead of the seed's decode speed while running."""
     try:
         import matplotlib
 
@@ -119,9 +123,12 @@ def plot(path: str | Path, results: Mapping[str, Sequence[LevelResult]], title: 
     for target, rows in results.items():
         xs = [r.concurrency for r in rows]
         style = {"linewidth": 2.6, "zorder": 3} if target in GATEWAY_NAMES else {"linestyle": "--"}
-        left.plot(xs, [r.per_request_tps for r in rows], marker="o", label=target, **style)
+        per_request = [r.user_tps if with_queueing else r.per_request_tps for r in rows]
+        left.plot(xs, per_request, marker="o", label=target, **style)
         right.plot(xs, [r.aggregate_tps for r in rows], marker="o", label=target, **style)
-    for ax, label in ((left, "per-request output tok/s"), (right, "aggregate output tok/s")):
+    left_label = ("per-request tok/s incl. queueing (tokens / e2e)" if with_queueing
+                  else "per-request output tok/s")
+    for ax, label in ((left, left_label), (right, "aggregate output tok/s")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency (clients)")
         ax.set_ylabel(label)
@@ -164,10 +171,11 @@ def verdict(results: Mapping[str, Sequence[LevelResult]], pair: str = "gateway")
     return rows
 
 
-def verdict_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["| C | gateway aggregate tok/s | best single server | its aggregate | gateway / it "
-             "| gateway per-request tok/s (incl. queueing) | best single server | its per-request "
-             "| gateway / it |", "|" + "---|" * 9]
+def verdict_table(rows: Sequence[Mapping[str, Any]], pair_label: str = "gateway") -> str:
+    p = pair_label
+    lines = [f"| C | {p} aggregate tok/s | best single server | its aggregate | {p} / it "
+             f"| {p} per-request tok/s (incl. queueing) | best single server | its per-request "
+             f"| {p} / it |", "|" + "---|" * 9]
     for row in rows:
         lines.append(
             f"| {row['concurrency']} | {_num(row['pair_aggregate'], 0)} | {row['best_aggregate_target']} "

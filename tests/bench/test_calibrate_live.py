@@ -29,7 +29,8 @@ async def test_calibrate_finds_the_crossover_and_writes_it(tmp_path, capsys):
         args = parser.parse_args([
             "--mtp", pair.urls["mtp"], "--plain", pair.urls["plain"],
             "--concurrency", "8,24,32,48", "--max-tokens", "48", "--speed", "2",
-            "--write", str(config), "--profile-out", str(profiles), "--no-progress"])
+            "--write", str(config), "--profile-out", str(profiles), "--no-progress",
+            "--hardware", "rtx-pro-6000"])
         assert await calibrate_cli.calibrate(args) == 0
     out = capsys.readouterr().out
     crossover = load_settings(config).routing.crossover
@@ -41,6 +42,9 @@ async def test_calibrate_finds_the_crossover_and_writes_it(tmp_path, capsys):
         assert crossover > 24, out  # MTP queues past its cap while that still pays
     assert "aggregate tok/s crossing: equal at C =" in out
     assert "per-request tok/s crossing: " in out
+    # and what one server owning the GPUs would have done, estimated from these curves
+    assert "## The pair against one server owning the GPUs" in out
+    assert "estimated in virtual time for 4x RTX PRO 6000 Blackwell (96 GB)" in out
     assert f"written to {config} (the aggregate crossing)" in out
     # Only the value changed: every comment line of the original is still there.
     original = [ln for ln in (ROOT / "config.yaml").read_text().splitlines() if ln.lstrip().startswith("#")]
