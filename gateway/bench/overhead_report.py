@@ -190,7 +190,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"connections; {s['warmup_s']:g} s warm-up, {s['duration_s']:g} s window; direct and gateway "
         f"interleaved, order rotated; {s['repeats']} repeat(s), medians shown.",
         "- Gateway: `python -m gateway serve` with backends mtp and plain both on the fake upstream, "
-        f"routing crossover at 100000, monitor every 1 s, access log off; {_stack(s)}.",
+        "routing crossover at 100000, monitor every 1 s, uvicorn's access log off, the gateway's "
+        f"own line per request on (log.access, the default); {_stack(s)}.",
         "- CPU = utime+stime of the gateway pid (/proc/<pid>/stat) over the window, per 1,000 content "
         "chunks received; RSS = VmRSS at the end of the window (VmHWM: the process's peak so far).",
         "",
