@@ -17,6 +17,7 @@ and the configured crossover applies.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -46,23 +47,28 @@ class ThroughputCurve:
     """One server's per-stream decode rate by the number of streams it was running."""
 
     buckets: dict[int, _Bucket] = field(default_factory=dict)
+    _known: list[int] | None = None  # loads with enough samples, sorted (None: recompute)
 
     def add(self, running: float, rate: float) -> None:
         self.buckets.setdefault(max(1, round(running)), _Bucket()).add(rate)
+        self._known = None
 
     def aggregate(self, load: int) -> float | None:
         """Tokens per second at `load` streams, interpolated between known buckets; None
         outside them (no extrapolation: a guess is worse than the configured crossover)."""
-        known = sorted(n for n, b in self.buckets.items() if b.samples >= MIN_SAMPLES)
+        if self._known is None:
+            self._known = sorted(n for n, b in self.buckets.items() if b.samples >= MIN_SAMPLES)
+        known = self._known
         if not known or not known[0] <= load <= known[-1]:
             return None
-        below = max(n for n in known if n <= load)
-        above = min(n for n in known if n >= load)
-        if below == above:
-            return load * self.buckets[below].rate
+        i = bisect.bisect_left(known, load)
+        above = known[i]
+        if above == load:
+            return load * self.buckets[load].rate
+        below = known[i - 1]
         share = (load - below) / (above - below)
-        rate = self.buckets[below].rate + share * (self.buckets[above].rate - self.buckets[below].rate)
-        return load * rate
+        low_rate, high_rate = self.buckets[below].rate, self.buckets[above].rate
+        return load * (low_rate + share * (high_rate - low_rate))
 
 
 @dataclass
@@ -77,7 +83,7 @@ class CrossoverEstimator:
     accept: _Bucket = field(default_factory=_Bucket)
     # The last answer, by (samples, arguments): admission asks on every request, samples
     # change only when a stream ends.
-    _memo: tuple[tuple[int, int, int, int | None], int | None] | None = None
+    _memo: tuple[tuple[int, int, int, int | None, int | None], int | None] | None = None
 
     def observe(self, backend: str, tokens: int, seconds: float, running: float,
                 other_running: float, chunks: int | None = None) -> None:
@@ -92,26 +98,30 @@ class CrossoverEstimator:
         curve.add(running, tokens / seconds)
         self.samples += 1
 
-    def crossover(self, low: int, high: int, mtp_cap: int | None) -> int | None:
+    def crossover(self, low: int, high: int, mtp_cap: int | None,
+                  plain_cap: int | None = None) -> int | None:
         """The lowest load in [low, high] where plain's aggregate reaches MTP's (loads where
-        either is unknown are skipped); `high` when MTP is ahead up to `high`; None when the
+        either is unknown are skipped); `high` when MTP is ahead up to `high`, or up to where
+        both servers are at their running caps (beyond, neither makes more); None when the
         samples cannot tell."""
-        key = (self.samples, low, high, mtp_cap)
+        key = (self.samples, low, high, mtp_cap, plain_cap)
         if self._memo is None or self._memo[0] != key:
-            self._memo = (key, self._crossing(low, high, mtp_cap))
+            self._memo = (key, self._crossing(low, high, mtp_cap, plain_cap))
         return self._memo[1]
 
-    def _crossing(self, low: int, high: int, mtp_cap: int | None) -> int | None:
-        last_compared = None
+    def _crossing(self, low: int, high: int, mtp_cap: int | None,
+                  plain_cap: int | None) -> int | None:
+        both_full = None if mtp_cap is None or plain_cap is None else max(mtp_cap, plain_cap)
         for load in range(low, high + 1):
-            mtp_load = load if mtp_cap is None else min(load, mtp_cap)
-            mtp, plain = self.mtp.aggregate(mtp_load), self.plain.aggregate(load)
+            mtp = self.mtp.aggregate(load if mtp_cap is None else min(load, mtp_cap))
+            plain = self.plain.aggregate(load if plain_cap is None else min(load, plain_cap))
             if mtp is None or plain is None:
                 continue
             if plain >= mtp:
                 return load
-            last_compared = load
-        return high if last_compared == high else None
+            if load == high or (both_full is not None and load >= both_full):
+                return high
+        return None
 
     @property
     def accept_length(self) -> float | None:

@@ -117,7 +117,8 @@ class PairState:
         if not self.routing.adaptive_crossover:
             return None
         low, high = self.routing.crossover_bounds
-        return self.estimator.crossover(low, high, self.backends["mtp"].effective_cap)
+        return self.estimator.crossover(low, high, self.backends["mtp"].effective_cap,
+                                        self.backends["plain"].effective_cap)
 
     @property
     def crossover(self) -> int:
@@ -133,12 +134,12 @@ class PairState:
         server's estimated tokens/s at the crossover in force (None: not seen there), MTP's
         recent accept length, and how many streams were samples."""
         estimator, crossover = self.estimator, self.crossover
-        cap = self.backends["mtp"].effective_cap
-        mtp_load = crossover if cap is None else min(crossover, cap)
+        loads = {role: crossover if backend.effective_cap is None
+                 else min(crossover, backend.effective_cap) for role, backend in self.backends.items()}
         return {
             "crossover": self.learned_crossover,
-            "throughput": {"mtp": estimator.mtp.aggregate(mtp_load),
-                           "plain": estimator.plain.aggregate(crossover)},
+            "throughput": {"mtp": estimator.mtp.aggregate(loads["mtp"]),
+                           "plain": estimator.plain.aggregate(loads["plain"])},
             "accept_length": estimator.accept_length,
             "samples": estimator.samples,
         }

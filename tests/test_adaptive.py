@@ -179,3 +179,32 @@ async def test_a_relayed_stream_is_started_at_its_first_byte_and_becomes_a_sampl
         assert estimator.samples == 1
         ((running, bucket),) = estimator.mtp.buckets.items()
         assert running == 1 and bucket.rate > 0
+
+
+def test_mtp_ahead_when_both_servers_are_full_means_plain_never_overtakes() -> None:
+    """The pair's own memory (plain 28 running, MTP 24): MTP at its cap makes 24 x 2 / 29.85 ms
+    = 1,608 tok/s, plain at its cap 28 / 19.1 ms = 1,466; beyond both caps neither makes
+    more, so the crossover is the upper bound (never plain), not unknown."""
+    estimator = CrossoverEstimator()
+    feed(estimator, "mtp", range(1, 25))
+    feed(estimator, "plain", range(16, 29))
+    assert estimator.crossover(16, 256, mtp_cap=24, plain_cap=28) == 256
+    assert estimator.crossover(16, 256, mtp_cap=24, plain_cap=None) is None  # plain's cap unknown
+
+
+def test_a_sweep_can_carry_what_was_learned_from_level_to_level() -> None:
+    from gateway.bench.levels import plan_levels
+    from gateway.bench.virtual import run_virtual_sweep
+    from gateway.bench.workloads import make_workload
+
+    routing = Routing(adaptive_crossover=True)
+    plans = plan_levels([24, 40], duration_s=40.0, warmup_s=10.0)
+    cold = run_virtual_sweep(lambda: make_workload("seed", max_tokens=200), plans, routing,
+                             PROFILES, policies=("crossover", "mtp-only"))
+    warm = run_virtual_sweep(lambda: make_workload("seed", max_tokens=200), plans, routing,
+                             PROFILES, policies=("crossover", "mtp-only"), carry_learning=True)
+    # Cold, C=40 flips to plain at the start and never sees MTP at its cap; carried over from
+    # C=24, the samples show MTP ahead of the pair's plain (28 running) and it stays on MTP.
+    assert cold["gateway"][1].share.get("plain", 0) > 0.9
+    assert warm["gateway"][1].share.get("mtp", 0) > 0.9
+    assert warm["gateway"][1].aggregate_tps >= 0.95 * warm["mtp-only"][1].aggregate_tps

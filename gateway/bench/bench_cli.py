@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--routing", action="append", metavar="KEY=VALUE", default=[],
                      help="override one key of the config's routing section (repeatable), "
                           "e.g. --routing handoff_running=true")
+    sim.add_argument("--carry-learning", action="store_true",
+                     help="the learned crossover keeps its samples from level to level, as a live "
+                          "gateway's would while the load rises (default: each level starts cold)")
     sim.add_argument("--accept-drop", metavar="BEFORE:AFTER",
                      help="MTP accepts each draft with probability BEFORE, then AFTER from half "
                           "the level on (e.g. 0.9:0.5): does the routing follow?")
@@ -134,13 +137,15 @@ def _run_sim(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, lis
     results = run_target_sweep(lambda: make_workload(args.workload, args.seed, args.max_tokens), plans,
                                routing, targets, shared_device=not args.separate_devices, seed=args.seed,
                                progress=lambda *_: progress.advance(),
-                               accept_drop=_accept_drop(args.accept_drop))
+                               accept_drop=_accept_drop(args.accept_drop),
+                               carry_learning=args.carry_learning)
     progress.finish()
     meta = {"mode": "virtual time (simulator, no HTTP)", "workload": args.workload,
             "method": _method(plans), "routing": routing.model_dump(mode="json"),
             "hardware": HARDWARE[args.hardware].label, "running_caps": caps(targets),
             "profiles": args.profiles or "packaged default", "shared_device": not args.separate_devices,
-            "seed": args.seed, "max_tokens": args.max_tokens, "accept_drop": args.accept_drop}
+            "seed": args.seed, "max_tokens": args.max_tokens, "accept_drop": args.accept_drop,
+            "carry_learning": args.carry_learning}
     return results, meta
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gateway.adaptive import CrossoverEstimator
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import LevelResult, summarise
 from gateway.bench.virtual import routing_for, run_virtual_level
@@ -68,14 +69,19 @@ def build_targets(names: Sequence[str], hardware: str = memory.DEFAULT_HARDWARE,
 def run_target_sweep(workload_factory: Callable[[], Workload], plans: Sequence[LevelPlan],
                      routing: Routing, targets: Sequence[SimTarget], *, shared_device: bool = True,
                      seed: int = 0, progress: Callable[[str, int], None] | None = None,
-                     accept_drop: tuple[float, float] | None = None) -> dict[str, list[LevelResult]]:
-    """Every target over every level, each level in a fresh simulator; results by target name."""
+                     accept_drop: tuple[float, float] | None = None,
+                     carry_learning: bool = False) -> dict[str, list[LevelResult]]:
+    """Every target over every level, each level in a fresh simulator; results by target name.
+    ``carry_learning``: each target's learned crossover keeps its samples from level to level
+    (see run_virtual_sweep)."""
     results: dict[str, list[LevelResult]] = {t.name: [] for t in targets}
+    estimators = {t.name: CrossoverEstimator() for t in targets}
     for plan in plans:
         for target in targets:
             records, wall = run_virtual_level(workload_factory(), plan, routing_for(target.policy, routing),
                                               target.profiles, shared_device=shared_device, seed=seed,
-                                              accept_drop=accept_drop)
+                                              accept_drop=accept_drop,
+                                              learned=estimators[target.name] if carry_learning else None)
             results[target.name].append(summarise(target.name, plan.concurrency, records, wall, plan.window))
             if progress:
                 progress(target.name, plan.concurrency)

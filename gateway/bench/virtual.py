@@ -22,6 +22,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gateway.adaptive import CrossoverEstimator
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import LevelResult, RequestRecord, summarise
 from gateway.bench.workloads import WORD_ID_BASE, Job, Outcome, Script, Send, Think, Workload
@@ -71,12 +72,15 @@ def _accepting(profile: Profile, p: float) -> Profile:
 def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
                       profiles: Mapping[str, Profile], *, shared_device: bool = True,
                       seed: int = 0, accept_drop: tuple[float, float] | None = None,
+                      learned: CrossoverEstimator | None = None,
                       ) -> tuple[list[RequestRecord], float]:
     """Run one level; returns every request's record and the level's wall time.
 
     ``accept_drop=(before, after)``: MTP accepts each draft with probability ``before`` (every
     prompt, the seed's repeated token too) until half the level (half its duration, or half
     its requests started), then ``after``: does the routing follow a change of acceptance?
+    ``learned``: the router's crossover estimator, carried over from earlier levels (a live
+    gateway has seen the load rise before it reaches this level).
     """
     if accept_drop is not None:
         profiles = {name: _accepting(profile, accept_drop[0]) for name, profile in profiles.items()}
@@ -84,6 +88,8 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
     pool = Pool([PairSpec("default", Backend(url="http://sim/mtp"),
                           Backend(url="http://sim/plain"), routing)], now=0.0,
                 max_sessions=routing.max_sessions)
+    if learned is not None:
+        pool.pairs["default"].estimator = learned
     for name, profile in profiles.items():
         if name in pool.backends:  # what the monitor reads from /server_info
             pool.backends[name].record_server_info(profile.effective_max_running, None)
@@ -228,15 +234,22 @@ def run_virtual_sweep(workload_factory: Callable[[], Workload], plans: Sequence[
                       policies: Sequence[str] = POLICIES, shared_device: bool = True, seed: int = 0,
                       progress: Callable[[str, int], None] | None = None,
                       accept_drop: tuple[float, float] | None = None,
+                      carry_learning: bool = False,
                       ) -> dict[str, list[LevelResult]]:
-    """Every policy over every level; results by target name (gateway, mtp-only, plain-only)."""
+    """Every policy over every level; results by target name (gateway, mtp-only, plain-only).
+
+    ``carry_learning``: the learned crossover's samples carry from level to level, in the
+    order given (as a live gateway's would while the load rises); else each level starts cold.
+    """
     results: dict[str, list[LevelResult]] = {TARGET_NAMES.get(p, p): [] for p in policies}
+    estimators = {policy: CrossoverEstimator() for policy in policies}
     for plan in plans:
         for policy in policies:
             target = TARGET_NAMES.get(policy, policy)
             records, wall = run_virtual_level(workload_factory(), plan, routing_for(policy, routing),
                                               profiles, shared_device=shared_device, seed=seed,
-                                              accept_drop=accept_drop)
+                                              accept_drop=accept_drop,
+                                              learned=estimators[policy] if carry_learning else None)
             results[target].append(summarise(target, plan.concurrency, records, wall, plan.window))
             if progress:
                 progress(target, plan.concurrency)
