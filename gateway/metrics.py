@@ -39,6 +39,9 @@ class GatewayMetrics:
         self.disconnects = Counter("gateway_client_disconnects",
                                    "Clients that left before their response ended.",
                                    ["backend", "phase"], registry=registry)
+        self.relayed_streams = Counter(
+            "gateway_relayed_streams", "Streams relayed, by how they were written to the client: "
+            "writer (the fast path) or send (ASGI).", ["path"], registry=registry)
         self.rejected = Counter("gateway_rejected", "Requests refused by the gateway itself.",
                                 ["reason"], registry=registry)
         self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens (from usage).",

@@ -26,6 +26,7 @@ from typing import Any
 
 from gateway.apis import OPENAI, RESPONSES, api_of
 from gateway.backends import BackendState
+from gateway.client_io import ClientWriter, client_writer
 from gateway.config import Settings
 from gateway.errors import (
     BadRequest,
@@ -51,7 +52,6 @@ from gateway.inbound import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Ask, Failure, Lease, Outcome, Pool, SessionMap, Verdict
-from gateway.server import BODY_WRITER, BodyWriter
 from gateway.sse import EventFramer, split_events
 from gateway.streams import ending, ends_in_error, event_error, leads_in
 from gateway.upstream import Upstream, UpstreamResponse
@@ -142,7 +142,7 @@ class Exchange:
     committed: bool = False  # response headers went to the client: no more retries
     upstream: UpstreamResponse | None = None
     first_byte_at: float | None = None
-    writer: BodyWriter | None = None  # the server's synchronous body writer, when it has one
+    writer: ClientWriter | None = None  # the server's synchronous body writer, when it has one
     framer: EventFramer = field(default_factory=EventFramer)  # whole events out, one per attempt
     last_chunks: list[bytes] = field(default_factory=list)
     refused: bool = False  # the stream relayed is the backend's own refusal
@@ -211,7 +211,7 @@ class ProxyEndpoint:
         assert task is not None  # always inside a task under an ASGI server
         watchdog = Watchdog(settings.timeouts, task, stream=inbound.stream)
         exchange = Exchange(inbound, scope["headers"], lease, started, watchdog,
-                            writer=(scope.get("extensions") or {}).get(BODY_WRITER))
+                            writer=client_writer(scope))
         listener = asyncio.create_task(_watch_disconnect(receive, watchdog))
         watchdog.start()
         try:
@@ -280,8 +280,10 @@ class ProxyEndpoint:
         await self._send_events(exchange, send, first)
         writer = exchange.writer
         if writer is not None and writer.usable():
+            self.metrics.relayed_streams.labels("writer").inc()
             await self._pump_stream(exchange, response, writer)
         else:
+            self.metrics.relayed_streams.labels("send").inc()
             await self._relay_stream(exchange, send, response)
         await self._end_stream(exchange, send)
 
@@ -381,7 +383,7 @@ class ProxyEndpoint:
                 return head
 
     async def _pump_stream(self, exchange: Exchange, response: UpstreamResponse,
-                           writer: BodyWriter) -> None:
+                           writer: ClientWriter) -> None:
         """The fast path: each piece the backend sends is framed and written to the client in
         the upstream connection's own callback. This task only waits for the end, writes
         keep-alives, and waits out a slow client (the backend's socket is paused meanwhile)."""

@@ -2,29 +2,96 @@
 
 - The request head (request line + headers) is bounded: httptools buffers a header of any
   size (a 200 MB header costs 200 MB of memory); h11 has a limit of its own.
-- Each request's scope carries a `BodyWriter` (extension `mtp_gateway.body_writer`): the relay
-  writes SSE chunks with it straight to the connection from the upstream's `data_received`,
-  with no coroutine and no ASGI message per chunk (measured in docs/perf/). Under any other
-  server the extension is absent and the relay uses ASGI `send`, the same bytes on the wire.
+- Each request's scope carries a `BodyWriter`, the relay's `gateway.client_io.ClientWriter`:
+  the relay writes SSE chunks with it straight to the connection from the upstream's
+  `data_received`, with no coroutine and no ASGI message per chunk (measured in docs/perf/).
+
+Both reach into uvicorn's httptools protocol (its callbacks, its request cycle's state), which
+no uvicorn release promises to keep. So `check_uvicorn()` looks at what they use once, at
+start, and the server takes the path it finds: the fast path; or, without the cycle state the
+writer needs, the head bound alone (the relay then writes by ASGI `send`, the same bytes on the
+wire); or, without the protocol's callbacks, h11, which bounds the head itself. A log line says
+which. pyproject.toml bounds uvicorn to the versions the tests ran on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import logging
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 
+from gateway.client_io import CLIENT_WRITER
 from gateway.config import Settings
 
-BODY_WRITER = "mtp_gateway.body_writer"
+log = logging.getLogger("mtp_gateway.server")
+
+# What of uvicorn's httptools protocol the head bound uses (its callbacks, its state) ...
+PROTOCOL_CALLBACKS = ("data_received", "connection_lost", "on_message_begin", "on_url",
+                      "on_header", "on_headers_complete", "on_body", "on_message_complete",
+                      "send_400_response")
+PROTOCOL_STATE = ("cycle", "scope", "transport", "timeout_keep_alive_task", "logger")
+# ... and what the body writer reads of a request's cycle and its flow control.
+CYCLE_STATE = ("response_started", "chunked_encoding", "response_complete", "disconnected",
+               "transport", "flow")
+FLOW_STATE = ("write_paused", "drain")
+FAST, SEND, H11 = "fast", "send", "h11"
+
+
+@dataclass(frozen=True)
+class HttpPath:
+    """What the server does with the uvicorn it runs on (see the module docstring)."""
+
+    name: str  # FAST, SEND (the head bound, the relay on ASGI send) or H11
+    why: str  # what was missing, when not FAST
+
+    def describe(self) -> str:
+        version = f"uvicorn {uvicorn.__version__}"
+        if self.name == FAST:
+            return f"relay fast path: the gateway's body writer on {version} (httptools)"
+        if self.name == SEND:
+            return (f"relay by ASGI send, not the fast path: {version} lacks {self.why}; the "
+                    f"request head is still bounded")
+        return f"h11 instead of httptools ({self.why}): relay by ASGI send"
+
+
+def _sets(cls: type, attributes: tuple[str, ...]) -> list[str]:
+    """Which of `attributes` the class never assigns or defines (instance state is assigned
+    in its code, so its source is where to look)."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        source = ""
+    return [a for a in attributes if not hasattr(cls, a) and f"self.{a} =" not in source
+            and f"self.{a}:" not in source]
+
+
+def check_uvicorn() -> HttpPath:
+    """Once, at start: which path this uvicorn allows."""
+    try:
+        from uvicorn.protocols.http.flow_control import FlowControl
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+    except ImportError as exc:
+        return HttpPath(H11, f"no httptools protocol: {exc}")
+    missing = [m for m in PROTOCOL_CALLBACKS if not callable(getattr(HttpToolsProtocol, m, None))]
+    missing += _sets(HttpToolsProtocol, PROTOCOL_STATE)
+    if missing:
+        return HttpPath(H11, f"its httptools protocol lacks {', '.join(missing)}")
+    missing = _sets(RequestResponseCycle, CYCLE_STATE) + _sets(FlowControl, FLOW_STATE)
+    if missing:
+        return HttpPath(SEND, ", ".join(missing))
+    return HttpPath(FAST, "")
 
 
 class BodyWriter:
-    """Synchronous chunked body writes for one response, after its head went out by ASGI send.
+    """The relay's ClientWriter on uvicorn: synchronous chunked body writes for one response,
+    after its head went out by ASGI send.
 
     It writes exactly what uvicorn's `send` writes for `http.response.body` with more_body
     (one chunked-encoding frame), and like `send`, it writes nothing once the client is gone.
@@ -61,12 +128,16 @@ class BodyWriter:
             await cycle.flow.drain()
 
 
-def gateway_http_protocol(max_head_bytes: int) -> tuple[type[asyncio.Protocol] | str, int]:
-    """Returns (protocol, h11 limit) for uvicorn.Config(http=...)."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # no httptools: h11, which bounds the head itself
+def gateway_http_protocol(max_head_bytes: int, path: HttpPath | None = None,
+                          ) -> tuple[type[asyncio.Protocol] | str, int]:
+    """Returns (protocol, h11 limit) for uvicorn.Config(http=...), for the path `check_uvicorn`
+    found (checked now when not given)."""
+    path = path or check_uvicorn()
+    if path.name == H11:  # h11 bounds the head itself
         return "h11", max_head_bytes
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    with_writer = path.name == FAST
 
     from gateway.errors import BadRequest, GatewayError, HeadersTooLarge
 
@@ -118,9 +189,10 @@ def gateway_http_protocol(max_head_bytes: int) -> tuple[type[asyncio.Protocol] |
             if not self._refused:
                 super().on_headers_complete()
                 cycle = self.cycle
-                if cycle is not None and cycle.scope is self.scope:  # made just now (no upgrade):
-                    # its task has not run yet, so the app sees the scope with the writer in it.
-                    self.scope.setdefault("extensions", {})[BODY_WRITER] = BodyWriter(cycle)
+                if with_writer and cycle is not None and cycle.scope is self.scope:
+                    # Made just now (no upgrade): its task has not run yet, so the app sees
+                    # the scope with the writer in it.
+                    self.scope.setdefault("extensions", {})[CLIENT_WRITER] = BodyWriter(cycle)
 
         def on_body(self, body: bytes) -> None:
             if not self._refused:
@@ -153,7 +225,9 @@ def gateway_http_protocol(max_head_bytes: int) -> tuple[type[asyncio.Protocol] |
 
 
 def uvicorn_config(app: object, settings: Settings, log_level: str) -> uvicorn.Config:
-    http, h11_limit = gateway_http_protocol(settings.limits.max_header_bytes)
+    path = check_uvicorn()
+    (log.info if path.name == FAST else log.warning)("%s", path.describe())
+    http, h11_limit = gateway_http_protocol(settings.limits.max_header_bytes, path)
     return uvicorn.Config(
         app, host=settings.listen.host, port=settings.listen.port, log_level=log_level,
         http=http, h11_max_incomplete_event_size=h11_limit,  # type: ignore[arg-type]

@@ -1,0 +1,39 @@
+"""How the relay writes a stream to its client: the one interface it knows.
+
+Every server can take ASGI `send` messages. The gateway's own HTTP protocol (gateway/server.py)
+also puts a `ClientWriter` in each request's scope: synchronous writes straight to the
+connection, from the upstream connection's own callback, with no coroutine and no ASGI message
+per chunk (measured in docs/perf/). The relay depends on this module only, never on the server's
+internals; under a server without the writer (or when server.py found uvicorn's internals
+changed at start) the scope has none and the relay uses `send`: the same bytes on the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+CLIENT_WRITER = "mtp_gateway.client_writer"  # the scope extension's key
+
+
+class ClientWriter(Protocol):
+    """Chunked body writes for one response whose head went out by ASGI send; the response
+    still ends with an ASGI send. An exception raised here is the gateway's own failure."""
+
+    def usable(self) -> bool:
+        """True once a chunked response has started and is not complete."""
+
+    def write(self, data: bytes) -> None:
+        """One body piece, now; nothing once the client is gone."""
+
+    @property
+    def paused(self) -> bool:
+        """The client's socket buffer is full: stop feeding it until `drain()`."""
+
+    async def drain(self) -> None:
+        """Until the client's socket takes more."""
+
+
+def client_writer(scope: Mapping[str, Any]) -> ClientWriter | None:
+    """The request's writer, when its server provides one."""
+    return (scope.get("extensions") or {}).get(CLIENT_WRITER)
