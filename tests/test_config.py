@@ -45,3 +45,48 @@ def test_cli_exits_2_on_a_bad_config(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "routing.crossover" in result.stderr
+
+
+# --- pairs -------------------------------------------------------------------------------------
+
+def pair(name: str, routing: dict | None = None) -> dict:
+    return {"name": name, "mtp": {"url": f"http://{name}:30001"},
+            "plain": {"url": f"http://{name}:30002"}, "routing": routing or {}}
+
+
+def test_backends_alone_are_one_pair_named_default() -> None:
+    (only,) = build_settings({}).fleet()
+    assert (only.name, only.mtp.url, only.plain.url) == (
+        "default", "http://127.0.0.1:30001", "http://127.0.0.1:30002")
+
+
+def test_each_pair_has_its_own_routing_values_over_the_section() -> None:
+    settings = build_settings({"routing": {"crossover": 40, "hysteresis": 8},
+                               "pairs": [pair("a", {"crossover": 20}), pair("b")]})
+    a, b = (settings.routing_for(p) for p in settings.fleet())
+    assert (a.crossover, a.hysteresis, b.crossover, b.hysteresis) == (20, 8, 40, 8)
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    ({"backends": {}, "pairs": [pair("a")]}, "`backends` (one pair) or `pairs`, not both"),
+    ({"pairs": [pair("a"), pair("a")]}, "pair names must differ"),
+    ({"pairs": [pair("a", {"max_sessions": 3})]}, "pairs.0.routing"),
+    ({"pairs": [pair("a", {"hysteresis": 40})]}, "pairs.a.routing"),
+    ({"pairs": [pair("a b")]}, "pairs.0.name"),
+])
+def test_a_bad_pair_is_named(data: dict, words: str) -> None:
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        build_settings(data)
+
+
+def test_the_documented_pairs_examples_load() -> None:
+    import yaml
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("### Several pairs, several gateways")[1].split("```yaml\n")[1]
+    settings = build_settings(yaml.safe_load(block.split("```")[0]))
+    assert [p.name for p in settings.fleet()] == ["node-a", "node-b"]
+    commented = (ROOT / "config.yaml").read_text(encoding="utf-8").split("# pairs:\n")[1]
+    lines = [line[2:] for line in commented.split("\nrouting:")[0].splitlines()]
+    settings = build_settings(yaml.safe_load("pairs:\n" + "\n".join(lines)))
+    assert [p.name for p in settings.fleet()] == ["node-a", "node-b"]
