@@ -19,12 +19,8 @@ when a decision looks at it after `open_until`, not by a timer, so virtual time 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-from gateway.config import Backend
-
-Role = Literal["mtp", "plain"]
-ROLES: tuple[Role, ...] = ("mtp", "plain")
+from gateway.config import Backend, Role
 
 
 @dataclass(frozen=True, slots=True)

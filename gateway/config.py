@@ -16,8 +16,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an RFC 9110 token
 
-BackendName = Literal["mtp", "plain"]
-BACKEND_NAMES: tuple[BackendName, ...] = ("mtp", "plain")
+Role = Literal["mtp", "plain"]  # a server's role in its pair
+ROLES: tuple[Role, ...] = ("mtp", "plain")
 PolicyName = Literal["crossover", "mtp-only", "plain-only"]
 
 
@@ -49,8 +49,6 @@ class Backends(_Frozen):
     mtp: Backend = Backend(url="http://127.0.0.1:30001")
     plain: Backend = Backend(url="http://127.0.0.1:30002")
 
-    def get(self, name: BackendName) -> Backend:
-        return self.mtp if name == "mtp" else self.plain
 
 
 class Routing(_Frozen):

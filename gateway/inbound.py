@@ -16,7 +16,7 @@ from msgspec import UNSET, UnsetType
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.apis import OPENAI, api_of
-from gateway.config import BACKEND_NAMES, BackendName
+from gateway.config import ROLES, Role
 from gateway.errors import BadRequest, UnsupportedMediaType
 
 Headers = list[tuple[bytes, bytes]]
@@ -74,7 +74,7 @@ class Inbound:
     stream: bool
     model: str | None
     session: str | None
-    pin: BackendName | None
+    pin: Role | None
     rid: str | None
     api: str = OPENAI
     abort_rids: tuple[str, ...] = ()  # what /abort_request must name to stop all of its work
@@ -193,12 +193,12 @@ def session_of(headers: Headers, fields: RequestFields, session_headers: tuple[s
     return None
 
 
-def pin_of(headers: Headers, allowed: bool) -> BackendName | None:
+def pin_of(headers: Headers, allowed: bool) -> Role | None:
     value = header(headers, b"x-gateway-pin")
     if value is None or not allowed:
         return None
-    if value not in BACKEND_NAMES:
-        raise BadRequest(f"x-gateway-pin must be one of {', '.join(BACKEND_NAMES)}")
+    if value not in ROLES:
+        raise BadRequest(f"x-gateway-pin must be one of {', '.join(ROLES)}")
     return value  # type: ignore[return-value]
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.config import BackendName, Routing
+from gateway.config import Role, Routing
 
 Mode = Literal["mtp", "plain"]
 Reason = Literal[
@@ -57,7 +57,7 @@ class BackendView:
 class Snapshot:
     mode: Mode
     mode_since: float
-    backends: Mapping[BackendName, BackendView]
+    backends: Mapping[Role, BackendView]
     accept_length: float | None = None  # MTP's speculative accept length, when known
     learned_crossover: int | None = None  # from the relayed streams (gateway.adaptive)
 
@@ -68,8 +68,8 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
-    session_backend: BackendName | None = None  # where this session's last turn ran
-    pin: BackendName | None = None  # client pin, already checked against allow_pin_header
+    session_backend: Role | None = None  # where this session's last turn ran
+    pin: Role | None = None  # client pin, already checked against allow_pin_header
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +85,11 @@ class Moves:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    backend: BackendName | None  # None: no healthy backend
+    backend: Role | None  # None: no healthy backend
     reason: Reason
     mode: Mode
     mode_since: float
 
-
-def other(backend: BackendName) -> BackendName:
-    return "plain" if backend == "mtp" else "mtp"
 
 
 def effective_crossover(routing: Routing, accept_length: float | None,
@@ -127,7 +124,7 @@ def next_mode(snapshot: Snapshot, routing: Routing, now: float) -> tuple[Mode, f
 
 def _crossover_choice(
     snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode
-) -> tuple[BackendName, Reason]:
+) -> tuple[Role, Reason]:
     level = snapshot.concurrency
     crossover = effective_crossover(routing, snapshot.accept_length, snapshot.learned_crossover)
     in_band = crossover - routing.hysteresis < level < crossover
@@ -159,10 +156,10 @@ def decide(snapshot: Snapshot, facts: RequestFacts, routing: Routing, now: float
         if views["plain"].healthy:
             backend, reason = "plain", "mtp_at_capacity"
     if not views[backend].healthy:
-        fallback = other(backend)
-        if not views[fallback].healthy:
+        healthy = [name for name, view in views.items() if view.healthy]
+        if not healthy:
             return Decision(None, "no_backend", mode, since)
-        backend, reason = fallback, "failover"
+        backend, reason = healthy[0], "failover"
     return Decision(backend, reason, mode, since)
 
 
