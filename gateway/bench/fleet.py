@@ -18,7 +18,6 @@ Every figure is deterministic: the same arguments give the same numbers bit for 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -26,15 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.backends import BackendState
+from gateway.bench.flights import Flights
 from gateway.bench.levels import LevelPlan, parse_levels, plan_levels
 from gateway.bench.stats import LevelResult, RequestRecord, summarise
-from gateway.bench.virtual import generated_ids
 from gateway.bench.workloads import Job, Outcome, Script, Send, Think, Workload, make_workload
 from gateway.config import Backend, Routing, load_settings
 from gateway.pool import Ask, Lease, PairSpec, Pool
-from gateway.pool import Outcome as LeaseOutcome
-from gateway.sim.engine import Request
 from gateway.sim.profile import Profile, load_profiles, seed_profiles
 from gateway.sim.virtual import VirtualSim
 
@@ -73,22 +69,6 @@ def engine_name(pair: str, role: str) -> str:
     return f"{pair}/{role}"
 
 
-@dataclass(eq=False)
-class _Flight:
-    """One request of the workload, wherever it runs now (a move gives it a new rid)."""
-
-    job: Job
-    lease: Lease
-    record: RequestRecord
-    done: Callable[[Outcome], None]
-    rid: str = ""
-    generated: int = 0
-
-    @property
-    def engine(self) -> str:
-        return engine_name(self.lease.backend.pair, self.lease.backend.role)
-
-
 def _pool(setup: Setup, routing: Routing, profiles: Mapping[str, Profile]) -> Pool:
     specs = [PairSpec(f"p{k}", Backend(url=f"http://sim/p{k}/mtp"),
                       Backend(url=f"http://sim/p{k}/plain"), routing) for k in range(setup.pairs)]
@@ -109,11 +89,11 @@ def run_fleet_level(workload: Workload, plan: LevelPlan, routing: Routing,
     sim = VirtualSim(engines, seed=seed, devices={name: name.split("/")[0] for name in engines})
     pools = [_pool(setup, routing, profiles) for _ in range(setup.replicas)]
     records: list[RequestRecord] = []
-    rids = itertools.count()
-    counters = {"started": 0, "scripts": 0, "open": 0}
+    flights = Flights(sim, lambda backend: engine_name(backend.pair, backend.role))
+    counters = {"started": 0, "scripts": 0}
 
     def busy() -> bool:
-        return counters["open"] > 0 or plan.budget_left(counters["started"], sim.now)
+        return bool(flights.live) or plan.budget_left(counters["started"], sim.now)
 
     def read_loads(pool: Pool) -> None:
         for backend in pool.backends.values():
@@ -162,9 +142,6 @@ def run_fleet_level(workload: Workload, plan: LevelPlan, routing: Routing,
             counters["started"] += 1
             send(pool, job, lambda outcome, i=i: done(i, outcome))
 
-    # Live requests by their current rid (fixed width: an abort matches rids by prefix).
-    flights: dict[str, _Flight] = {}
-
     def send(pool: Pool, job: Job, done: Callable[[Outcome], None]) -> None:
         record = RequestRecord(start=sim.now)
         records.append(record)
@@ -173,64 +150,8 @@ def run_fleet_level(workload: Workload, plan: LevelPlan, routing: Routing,
             record.error, record.end = "no_backend", sim.now
             done(Outcome(0, error="no_backend"))
             return
-        counters["open"] += 1
-        flight = _Flight(job, admitted, record, done)
-        submit(flight, Request(f"r{next(rids):09d}", job.prompt_ids or (0,), job.max_tokens,
-                               greedy=job.greedy))
-        apply_moves(pool)
-
-    def submit(flight: _Flight, request: Request) -> None:
-        rid = flight.rid = request.rid
-        flights[rid] = flight
-        record, lease = flight.record, flight.lease
-        record.backend = flight.engine
-
-        def on_first(t: float) -> None:
-            if record.first is None:
-                record.first = t
-            lease.first_byte(t)
-
-        def on_chunk(t: float, n: int) -> None:
-            record.tokens += n
-            flight.generated += n
-            record.chunk_times.append(t)
-            record.chunk_tokens.append(n)
-
-        def on_finish(t: float, reason: str) -> None:
-            if flight.rid != rid:  # moved: this was the abort of its old copy
-                return
-            del flights[rid]
-            record.end = t
-            counters["open"] -= 1
-            if reason != "length":
-                record.error = reason
-            lease.end(LeaseOutcome.SUCCESS if reason == "length" else LeaseOutcome.CLIENT_GONE, t)
-            flight.done(Outcome(record.tokens, error=record.error))
-
-        sim.submit(flight.engine, request, on_first_token=on_first, on_chunk=on_chunk,
-                   on_finish=on_finish)
-
-    def apply_moves(pool: Pool) -> None:
-        """As the production pool would: at a pair's flip to plain, this replica's requests on
-        that pair's MTP server move (unstarted ones; running ones with handoff_running)."""
-        for pair, moves in pool.take_moves(sim.now).items():
-            mtp = pool.pairs[pair].backends["mtp"]
-            on_mtp = [f for f in flights.values() if f.lease.backend is mtp]
-            unstarted = [f for f in on_mtp if not f.lease.started][:moves.not_started]
-            running = [f for f in on_mtp if f.lease.started][:moves.running]
-            for flight in unstarted + running:
-                move(flight, pool.pairs[pair].backends["plain"])
-
-    def move(flight: _Flight, to: BackendState) -> None:
-        old_rid, old_engine = flight.rid, flight.engine
-        del flights[old_rid]
-        flight.rid = ""
-        sim.abort(old_engine, old_rid)
-        flight.lease.move_to(to, sim.now)
-        job = flight.job
-        prompt = (job.prompt_ids or (0,)) + generated_ids(old_rid, job, flight.generated)
-        submit(flight, Request(f"r{next(rids):09d}", prompt, job.max_tokens - flight.generated,
-                               greedy=job.greedy))
+        flights.start(job, admitted, record, done)
+        flights.apply_moves(pool)
 
     sim.at(0.0, read_accept_length)
     if setup.loads_interval_s is not None:

@@ -17,19 +17,15 @@ reproducible bit for bit.
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from gateway.adaptive import CrossoverEstimator
+from gateway.bench.flights import Flights
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import LevelResult, RequestRecord, summarise
-from gateway.bench.workloads import WORD_ID_BASE, Job, Outcome, Script, Send, Think, Workload
+from gateway.bench.workloads import Job, Outcome, Script, Send, Think, Workload
 from gateway.config import Backend, Routing
 from gateway.pool import Ask, Lease, PairSpec, Pool
-from gateway.pool import Outcome as LeaseOutcome
-from gateway.sim.engine import Request
 from gateway.sim.profile import Profile
 from gateway.sim.virtual import VirtualSim
 
@@ -41,26 +37,6 @@ TARGET_NAMES = {"crossover": "gateway", "mtp-only": "mtp-only", "plain-only": "p
 
 def routing_for(policy: str, routing: Routing) -> Routing:
     return routing.model_copy(update={"policy": policy})
-
-
-@dataclass(eq=False)
-class _Flight:
-    """One request of the workload, wherever it runs now (a move gives it a new rid)."""
-
-    job: Job
-    lease: Lease
-    record: RequestRecord
-    done: Callable[[Outcome], None]
-    rid: str = ""
-    generated: int = 0
-
-
-def generated_ids(rid: str, job: Job, n: int) -> tuple[int, ...]:
-    """Stand-in token ids for the text generated so far (a greedy repeated prompt repeats)."""
-    if job.greedy and job.prompt_ids:
-        return job.prompt_ids[-1:] * n
-    rng = random.Random(rid)
-    return tuple(WORD_ID_BASE + rng.randrange(512) for _ in range(n))
 
 
 def _accepting(profile: Profile, p: float) -> Profile:
@@ -94,7 +70,6 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
         if name in pool.backends:  # what the monitor reads from /server_info
             pool.backends[name].record_server_info(profile.effective_max_running, None)
     records: list[RequestRecord] = []
-    rids = itertools.count()
     counters = {"started": 0, "scripts": 0}
     refreshed = [-ACCEPT_REFRESH_S]
 
@@ -149,9 +124,7 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
             for engine in sim.engines.values():
                 engine.profile = _accepting(engine.profile, accept_drop[1])
 
-    # Live requests by their current rid, in submission order. Fixed-width rids: an abort
-    # matches by prefix, as SGLang's does, and "r1" would also abort "r10".
-    flights: dict[str, _Flight] = {}
+    flights = Flights(sim, lambda backend: backend.name)
 
     def send(job: Job, done: Callable[[Outcome], None]) -> None:
         record = RequestRecord(start=sim.now)
@@ -162,65 +135,8 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
             record.error, record.end = "no_backend", sim.now
             done(Outcome(0, error="no_backend"))
             return
-        record.backend = admitted.backend.name
-        flight = _Flight(job, admitted, record, done)
-        submit(flight, Request(f"r{next(rids):09d}", job.prompt_ids or (0,), job.max_tokens,
-                               greedy=job.greedy))
-        apply_moves()
-
-    def submit(flight: _Flight, request: Request) -> None:
-        rid = flight.rid = request.rid
-        flights[rid] = flight
-        record = flight.record
-
-        def on_first(t: float) -> None:
-            if record.first is None:
-                record.first = t
-            flight.lease.first_byte(t)
-
-        def on_chunk(t: float, n: int) -> None:
-            record.tokens += n
-            flight.generated += n
-            record.chunk_times.append(t)
-            record.chunk_tokens.append(n)
-
-        def on_finish(t: float, reason: str) -> None:
-            if flight.rid != rid:  # moved: this was the abort of its old copy
-                return
-            del flights[rid]
-            record.end = t
-            if reason != "length":
-                record.error = reason
-            flight.lease.output_tokens = flight.generated
-            flight.lease.output_chunks = len(record.chunk_tokens)
-            flight.lease.end(LeaseOutcome.SUCCESS if reason == "length"
-                             else LeaseOutcome.CLIENT_GONE, t)
-            flight.done(Outcome(record.tokens, error=record.error))
-
-        sim.submit(flight.lease.backend.name, request, on_first_token=on_first, on_chunk=on_chunk,
-                   on_finish=on_finish)
-
-    def apply_moves() -> None:
-        moves = pool.take_moves(sim.now).get("default")
-        if not moves:
-            return
-        on_mtp = [f for f in flights.values() if f.lease.backend.name == "mtp"]
-        unstarted = [f for f in on_mtp if not f.lease.started][:moves.not_started]
-        running = [f for f in on_mtp if f.lease.started][:moves.running]
-        for flight in unstarted + running:
-            move_to_plain(flight)
-
-    def move_to_plain(flight: _Flight) -> None:
-        old_rid = flight.rid
-        del flights[old_rid]
-        flight.rid = ""
-        sim.abort("mtp", old_rid)
-        flight.lease.move_to(pool.backends["plain"], sim.now)
-        flight.record.backend = "plain"
-        job = flight.job
-        prompt = (job.prompt_ids or (0,)) + generated_ids(old_rid, job, flight.generated)
-        submit(flight, Request(f"r{next(rids):09d}", prompt, job.max_tokens - flight.generated,
-                               greedy=job.greedy))
+        flights.start(job, admitted, record, done)
+        flights.apply_moves(pool)
 
     for _ in range(plan.concurrency):
         sim.at(0.0, next_script)
