@@ -49,6 +49,8 @@ class Backends(_Frozen):
     mtp: Backend = Backend(url="http://127.0.0.1:30001")
     plain: Backend = Backend(url="http://127.0.0.1:30002")
 
+    def get(self, role: Role) -> Backend:
+        return self.mtp if role == "mtp" else self.plain
 
 
 class Routing(_Frozen):
