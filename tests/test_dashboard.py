@@ -400,3 +400,57 @@ async def test_dashboard_shows_admin_state_under_load(tmp_path: Path) -> None:
     if target := os.environ.get("MTP_GATEWAY_DASHBOARD_PNG"):  # docs/dashboard.png, when asked
         Path(target).write_bytes(png)
 
+
+
+@pytest.mark.timeout(60)
+async def test_dashboard_shows_each_pair(tmp_path: Path) -> None:
+    """Two pairs: a tile per pair with its own mode and in-flight counts, as /dashboard/state
+    has them, and the role tiles add up both pairs."""
+    from prometheus_client import CollectorRegistry
+
+    from gateway.app import create_app
+    from gateway.config import build_settings
+    from tests.live import serve_app
+
+    async with start_sim_pair(SimOptions(speed=1)) as pair_a, \
+            start_sim_pair(SimOptions(speed=1)) as pair_b:
+        settings = build_settings({"monitor": {"interval_s": 0.05}, "pairs": [
+            {"name": name, "mtp": {"url": sim.urls["mtp"]}, "plain": {"url": sim.urls["plain"]},
+             "routing": {"crossover": crossover, "hysteresis": 1, "min_dwell_s": 0}}
+            for name, sim, crossover in (("a", pair_a, 4), ("b", pair_b, 12))]})
+        app = create_app(settings, registry=CollectorRegistry())
+        async with serve_app(app) as url, \
+                httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=20)) as client, \
+                chromium(tmp_path / "profile") as devtools:
+            session = await open_page(devtools, url + "/dashboard")
+            await wait_for_polls(devtools, session, 1, timeout=10)
+            held = []
+            try:
+                for _ in range(9):  # a, b, a, b, ...: a reaches its crossover of 4, b not 12
+                    held.append(await OpenStream(client, url + "/v1/chat/completions",
+                                                 chat(max_tokens=100000, stream=True,
+                                                      ignore_eos=True)).open())
+                state = (await client.get(url + "/dashboard/state")).json()
+                seen = await polls(devtools, session)
+                await wait_for_polls(devtools, session, seen + 2, timeout=5)
+                tiles = await devtools.evaluate(
+                    "[...document.querySelectorAll('#pairs .tile')]"
+                    ".map((t) => [t.dataset.pair, t.innerText])", session)
+                inflight_mtp = await devtools.evaluate(
+                    "document.getElementById('inflight-mtp').textContent", session)
+                page_errors = [e["params"] for e in devtools.events if is_page_error(e)]
+            finally:
+                await asyncio.gather(*(s.close() for s in held), return_exceptions=True)
+
+    assert not page_errors, page_errors
+    assert {p["name"]: p["mode"] for p in state["pairs"]} == {"a": "plain", "b": "mtp"}
+    backends = state["backends"]
+    assert [name for name, _ in tiles] == ["a", "b"]
+    for (name, text), pair in zip(tiles, state["pairs"], strict=True):
+        mtp, plain = (backends[f"{name}/{role}"]["inflight"] for role in ("mtp", "plain"))
+        words = text.split()
+        assert words[8].isdigit()  # the crossover in force: moves with MTP's accept length
+        assert words[:8] + words[9:] == ["pair", name, pair["mode"], str(pair["concurrency"]),
+                                         "in", "flight", "·", "crossover", "mtp", str(mtp), "·",
+                                         "plain", str(plain)], text
+    assert inflight_mtp == str(backends["a/mtp"]["inflight"] + backends["b/mtp"]["inflight"])
