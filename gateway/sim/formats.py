@@ -404,6 +404,7 @@ class ResponsesRenderer(Renderer):
         self._item_id = ""
         self._text: list[str] = []
         self.items: list[dict[str, Any]] = []  # closed items, the response's output
+        self.final: dict[str, Any] | None = None  # the response, once finished
 
     def _event(self, data: dict[str, Any]) -> bytes:
         data["sequence_number"] = self._sequence
@@ -499,7 +500,8 @@ class ResponsesRenderer(Renderer):
     def _finish(self, status: str, error: dict[str, Any] | None) -> list[bytes]:
         events = ([] if self.begun else self.begin()) + self._close()
         prompt = self.reported_prompt_tokens
-        self.final = responses_body(self.job, self.items, status, (prompt, self.generated), error)
+        tokens = (prompt, self.generated, self.reasoning_generated)
+        self.final = responses_body(self.job, self.items, status, tokens, error)
         return events + [self._event({"type": f"response.{status}", "response": self.final})]
 
 
@@ -531,15 +533,15 @@ def responses_status(reason: str) -> str:
 
 
 def responses_body(job: Job, output: list[dict[str, Any]], status: str,
-                   tokens: tuple[int, int] | None,
+                   tokens: tuple[int, int, int] | None,
                    error: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """protocol.py:2238 (ResponsesResponse) as from_request (protocol.py:2305) fills it."""
     usage = None
     if tokens is not None:
-        prompt, completion = tokens
+        prompt, completion, reasoning = tokens
         usage = {"input_tokens": prompt,
                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                 "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+                 "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
                  "total_tokens": prompt + completion}  # fmt: skip
     echo = job.echo
     text_only = all(item["type"] == "message" for item in output)

@@ -328,3 +328,13 @@ async def test_responses_function_calls_and_the_body_fields(pair):
         raw = (await http.post(url, json={"model": SERVED, "input": "x"})).json()
     assert set(raw) == RESPONSES_FIELDS
     assert raw["usage"]["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 0}
+
+
+async def test_responses_reasoning_item_and_its_tokens(pair):
+    client = oai(pair.urls["plain"])
+    thinking = {"chat_template_kwargs": {"enable_thinking": True}}
+    answer = await client.responses.create(model=SERVED, input="think first", max_output_tokens=400,
+                                           extra_body=thinking)  # fmt: skip
+    assert [item.type for item in answer.output] == ["reasoning", "message"]
+    reasoning = answer.output[0].content[0].text
+    assert answer.usage.output_tokens_details.reasoning_tokens == len(reasoning.split()) > 0
