@@ -27,6 +27,9 @@ ALONE_BELOW = 0.5
 ALPHA = 0.1
 # Samples a bucket needs before it is used.
 MIN_SAMPLES = 3
+# A stream that began decoding before a mode change or less than this after it is no sample:
+# the requests moved at the flip prefill again meanwhile and slow every stream of the server.
+SETTLE_S = 10.0
 # Streams shorter than this (tokens) say more about prefill than about decode speed.
 MIN_TOKENS = 16
 

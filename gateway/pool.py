@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from gateway.adaptive import CrossoverEstimator
+from gateway.adaptive import SETTLE_S, CrossoverEstimator
 from gateway.backends import BackendState, CircuitRules, ProbeRules, Role
 from gateway.config import Backend, Routing, Settings
 from gateway.pairs import PairChoice, PairView, choose_pair
@@ -102,6 +102,7 @@ class PairState:
     mode: Mode = "mtp"
     mode_since: float = 0.0
     flipped_to_plain: bool = False  # since the last Pool.take_moves()
+    changed_at: float = float("-inf")  # when the mode last changed (never, at start)
     estimator: CrossoverEstimator = field(default_factory=CrossoverEstimator)
 
     @property
@@ -300,6 +301,8 @@ class Pool:
         decision = decide(self.snapshot(pair, now, exclude), facts, pair.routing, now)
         if pair.mode == "mtp" and decision.mode == "plain":
             pair.flipped_to_plain = True
+        if decision.mode != pair.mode:
+            pair.changed_at = now
         pair.mode, pair.mode_since = decision.mode, decision.mode_since
         backend = pair.backends[decision.backend] if decision.backend is not None else None
         return Placement(backend, decision, choice)
@@ -422,6 +425,8 @@ class Lease:
         if seconds <= 0:
             return
         pair = self.pool.pairs[self.backend.pair]
+        if since < pair.changed_at + SETTLE_S:
+            return  # it decoded through a mode change or its aftermath (moved streams' prefills)
         mean = {role: (b.area(now) - areas[role]) / seconds for role, b in pair.backends.items()}
         role = self.backend.role
         chunks = self.output_chunks - 1 if self.output_chunks else None  # after the first

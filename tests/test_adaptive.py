@@ -198,7 +198,7 @@ def test_a_sweep_can_carry_what_was_learned_from_level_to_level() -> None:
     from gateway.bench.workloads import make_workload
 
     routing = Routing(adaptive_crossover=True)
-    plans = plan_levels([24, 40], duration_s=40.0, warmup_s=10.0)
+    plans = plan_levels([24, 40], duration_s=80.0, warmup_s=30.0)
     cold = run_virtual_sweep(lambda: make_workload("seed", max_tokens=200), plans, routing,
                              PROFILES, policies=("crossover", "mtp-only"))
     warm = run_virtual_sweep(lambda: make_workload("seed", max_tokens=200), plans, routing,
@@ -208,3 +208,26 @@ def test_a_sweep_can_carry_what_was_learned_from_level_to_level() -> None:
     assert cold["gateway"][1].share.get("plain", 0) > 0.9
     assert warm["gateway"][1].share.get("mtp", 0) > 0.9
     assert warm["gateway"][1].aggregate_tps >= 0.95 * warm["mtp-only"][1].aggregate_tps
+
+
+def test_streams_through_a_mode_change_and_its_aftermath_are_not_samples() -> None:
+    """At the flip, the requests moved to plain prefill again and slow every plain stream for a
+    while: samples from then read plain ~15 % slower than it is (chat on the pair's memory:
+    1,009 tok/s at 28 running against the 1,189 plain-only makes), and the learned crossover
+    kept chat on MTP (docs/bench/routing-pair.md)."""
+    pool = one_pair(Routing(adaptive_crossover=True, crossover=4, hysteresis=1, min_dwell_s=600))
+    leases = [pool.admit(Ask(), now=100.0) for _ in range(5)]  # the 5th flips the mode
+    assert pool.pairs["default"].mode == "plain"
+    for lease in leases[:4]:  # MTP is idle from the flip on: both would be samples else
+        lease.end(Outcome.CLIENT_GONE, 100.0)
+    during = leases[4]
+    during.first_byte(101.0)
+    during.output_tokens = 500
+    during.end(Outcome.SUCCESS, 120.0)
+    later = pool.admit(Ask(), now=125.0)
+    later.first_byte(125.0)
+    later.output_tokens = 500
+    later.end(Outcome.SUCCESS, 140.0)
+    estimator = pool.pairs["default"].estimator
+    assert estimator.samples == 1  # the later one only
+    assert list(estimator.plain.buckets) == [1]
