@@ -105,7 +105,12 @@ def _openai_aborted(status: int, message: str) -> Response:
 
 
 def _anthropic_aborted(status: int, message: str) -> Response:
-    """anthropic/serving.py:780: a 5xx message is scrubbed to "Internal server error"."""
+    """anthropic/serving.py:780: a 5xx message is scrubbed to "Internal server error". A 400
+    (a ValueError) is caught by the chat handler first and comes back as its flat error, whose
+    4xx type the converter keeps (anthropic/serving.py:1393): "BadRequestError"."""
+    if status == 400:
+        body = {"type": "error", "error": {"type": "BadRequestError", "message": message}}
+        return json_response(body, 400)
     return _anthropic_refusal(RequestError("Internal server error" if status >= 500 else message, status))
 
 
@@ -345,11 +350,6 @@ class SimApp:
         room = self.profile.context_length - len(prompt_ids)
         if not prompt_ids:
             raise RequestError("The prompt is empty.")
-        if room < 1:
-            raise RequestError(
-                f"The input ({len(prompt_ids)} tokens) is longer than the model's context "
-                f"length ({self.profile.context_length} tokens)."
-            )
         ignore_eos = bool(body.get("ignore_eos"))
         plan = plan_output(self.identity.seed, text, max_tokens, ignore_eos, thinking, room)
         samples = tuple(plan_output(self.identity.seed, f"{text}#{i}", max_tokens, ignore_eos, thinking, room)
@@ -366,7 +366,7 @@ class SimApp:
             include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
             tool_name=tool_name,
             tool_id=formats.new_tool_call_id() if tool_name else "",
-            start_error=self._lora_error(model),
+            start_error=self._lora_error(model) or self._length_error(len(prompt_ids), max_tokens),
             samples=samples,
             **extra,
         )
@@ -390,6 +390,22 @@ class SimApp:
         return (f"LoRA adapter '{adapter.strip()}' was requested, but LoRA is not enabled. Please "
                 "launch the server with --enable-lora flag and preload adapters using --lora-paths "
                 "or /load_lora_adapter endpoint.")  # fmt: skip
+
+    def _length_error(self, prompt_tokens: int, max_tokens: int | None) -> str | None:
+        """tokenizer_manager.py:1337-1378 (validate_total_tokens is always on): the prompt must
+        be shorter than the context, and prompt + max_new_tokens must fit in it. Raised inside
+        generate_request, so a Messages or Responses stream reports it inside its 200."""
+        context = self.profile.context_length
+        if prompt_tokens >= context:
+            return (f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                    f"({context} tokens).")  # fmt: skip
+        if max_tokens is not None and prompt_tokens + max_tokens > context:
+            return (f"Requested token count exceeds the model's maximum context length of {context} "
+                    f"tokens. You requested a total of {prompt_tokens + max_tokens} tokens: "
+                    f"{prompt_tokens} tokens from the input messages and {max_tokens} tokens for the "
+                    "completion. Please reduce the number of tokens in the input messages or the "
+                    "completion to fit within the limit.")  # fmt: skip
+        return None
 
     def _parse_chat(self, body: dict[str, Any]) -> formats.Job:
         tools = body.get("tools")

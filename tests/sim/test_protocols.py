@@ -338,3 +338,26 @@ async def test_responses_reasoning_item_and_its_tokens(pair):
     assert [item.type for item in answer.output] == ["reasoning", "message"]
     reasoning = answer.output[0].content[0].text
     assert answer.usage.output_tokens_details.reasoning_tokens == len(reasoning.split()) > 0
+
+
+async def test_context_overflow_is_raised_where_sglang_raises_it(pair):
+    """tokenizer_manager's length checks raise inside generate_request: a 400 before a
+    kick-started chat stream, but an error inside the 200 of a Messages stream; non-stream
+    Messages keeps the chat handler's error type."""
+    url = pair.urls["plain"]
+    too_many = 262_144  # the profile's context: prompt + max_tokens no longer fits
+    async with httpx.AsyncClient() as http:
+        chat = await http.post(url + "/v1/chat/completions",
+                               json={**CHAT, "max_tokens": too_many, "stream": True})  # fmt: skip
+        messages = {**MESSAGES, "max_tokens": too_many}
+        streamed = await http.post(url + "/v1/messages", json={**messages, "stream": True})
+        whole = await http.post(url + "/v1/messages", json=messages)
+    message = "Requested token count exceeds the model's maximum context length of 262144 tokens."
+    assert chat.status_code == 400 and chat.json()["type"] == "BadRequestError"
+    assert chat.json()["message"].startswith(message)
+    assert streamed.status_code == 200
+    assert [b.split("\n")[0] for b in streamed.text.split("\n\n")[:-1]] == [
+        "event: message_start", "event: error", "event: message_stop"]
+    assert whole.status_code == 400
+    error = whole.json()["error"]
+    assert error["type"] == "BadRequestError" and error["message"].startswith(message)
