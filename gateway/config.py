@@ -58,7 +58,7 @@ class Routing(_Frozen):
     crossover: int = Field(31, ge=1)
     adapt_to_accept_length: bool = True
     reference_accept_length: float = Field(2.0, ge=1.0)
-    adaptive_crossover: bool = False
+    adaptive_crossover: bool = True
     crossover_bounds: tuple[int, int] = (16, 256)
     hysteresis: int = Field(6, ge=0)
     min_dwell_s: float = Field(5.0, ge=0)
