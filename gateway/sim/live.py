@@ -3,7 +3,10 @@
 Each step sleeps ``step.duration_s * slow_factor / speed`` seconds while holding the device
 lock, so ``speed=20`` runs the model 20x faster than the real GPU would (tests use 10-50;
 gateway/speed.py), and two engines that share one :class:`Device` take turns, as on one GPU.
-Sleeps are aimed at a running deadline, so the event loop's wake-up lag does not accumulate.
+Steps are scheduled on the simulated clock, not on when this task next gets the CPU: a step
+starts when the device was free and the work was there, so a wake-up that comes late (a loaded
+machine, a busy event loop) is paid back by the next steps' shorter sleeps and tokens/s holds,
+up to ``MAX_LAG_S`` behind schedule.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from gateway.sim.engine import Engine, Output, Request
 from gateway.sim.faults import FaultState
 from gateway.speed import SPEED_MEANING
 
-# How far behind its schedule a busy device may be and still catch up (wall seconds).
-CATCH_UP_S = 0.005
+# How far behind its schedule a device may fall and still catch up (wall seconds): a process
+# stopped for longer (a debugger, a suspended VM) resumes at real speed rather than in a burst.
+MAX_LAG_S = 0.5
 
 
 class Device:
@@ -41,6 +45,7 @@ class LiveEngine:
         self._faults = faults
         self._queues: dict[str, asyncio.Queue[Output]] = {}
         self._wake = asyncio.Event()
+        self._work_since: float | None = None  # loop time since when work waits for a step
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -60,6 +65,8 @@ class LiveEngine:
         self.engine.submit(request)
         queue: asyncio.Queue[Output] = asyncio.Queue()
         self._queues[request.rid] = queue
+        if self._work_since is None:
+            self._work_since = asyncio.get_running_loop().time()
         self._wake.set()
         return queue
 
@@ -86,16 +93,19 @@ class LiveEngine:
             async with self._device.lock:
                 step = self.engine.begin_step()
                 if step is None:
+                    self._work_since = None
                     continue
                 scale = self._faults.faults.slow_factor / self.speed
                 now = loop.time()
-                # Back to back with the previous step: start where it was due to end, so
-                # oversleeping is paid back; after idle time start now.
-                start = self._device.free_at if now - self._device.free_at < CATCH_UP_S else now
+                ready = now if self._work_since is None else self._work_since
+                # When the device was free and the work was there, not when this task got the
+                # CPU: oversleeping is paid back, and after idle time the step starts at once.
+                start = max(ready, self._device.free_at, now - MAX_LAG_S)
                 due = start + step.duration_s * scale
                 await asyncio.sleep(due - loop.time())
                 self._device.free_at = due
                 outputs = self.engine.finish_step(step)
+                self._work_since = due if self.engine.has_work else None
             for output in outputs:
                 self._put(output)
             if self.engine.has_work:
