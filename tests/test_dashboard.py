@@ -353,7 +353,7 @@ async def test_dashboard_shows_admin_state_under_load(tmp_path: Path) -> None:
             # Steady: nothing starts or ends. Let the page poll twice more, then read it.
             before = await admin_state(client, gateway.url, admin)
             seen = await polls(devtools, session)
-            await wait_for_polls(devtools, session, seen + 2, timeout=5)
+            await wait_for_polls(devtools, session, seen + 2, timeout=10)  # a poll a second
             html = await devtools.evaluate("document.documentElement.outerHTML", session)
             shot = await devtools.call("Page.captureScreenshot", {"format": "png"}, session)
             after = await admin_state(client, gateway.url, admin)
@@ -432,7 +432,7 @@ async def test_dashboard_shows_each_pair(tmp_path: Path) -> None:
                                                       ignore_eos=True)).open())
                 state = (await client.get(url + "/dashboard/state")).json()
                 seen = await polls(devtools, session)
-                await wait_for_polls(devtools, session, seen + 2, timeout=5)
+                await wait_for_polls(devtools, session, seen + 2, timeout=10)  # a poll a second
                 tiles = await devtools.evaluate(
                     "[...document.querySelectorAll('#pairs .tile')]"
                     ".map((t) => [t.dataset.pair, t.innerText])", session)

@@ -228,7 +228,9 @@ async def test_client_disconnect_mid_stream_releases_and_aborts_upstream() -> No
         await stream.close()
         await wait_until(lambda: stream.rid not in engine, timeout=1.5)
         took = time.perf_counter() - closed_at
-        assert took < 1.0, f"abort took {took:.3f} s: that is SGLang's own 2 s timer, not ours"
+        # ~10 ms when the machine is quiet; 1.5 s of slack for a loaded one, still inside the 2 s
+        # after which SGLang's own timer would have aborted it.
+        assert took < 1.5, f"abort took {took:.3f} s: that is SGLang's own 2 s timer, not ours"
         await settled(gateway, 0)
         metrics = (await client.get(gateway.url + "/metrics")).text
         assert 'gateway_client_disconnects_total{backend="mtp",phase="mid_stream"} 1.0' in metrics
