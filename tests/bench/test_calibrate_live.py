@@ -3,8 +3,8 @@
 The pair, the sockets and calibrate's clients share one event loop whose clock is looptime's: it
 moves only when every task waits for a timer, so the curves are the modelled pair's, the same on
 every run. On the wall clock a loaded machine starved the simulator (its steps came late, plain's
-48 streams the most): under 2 busy loops plus the other jobs of a shared 2-core box, 7 of 8 runs
-measured no crossover at all, and one helper's run measured 18.
+48 streams the most): with 2 busy loops, two runs at once and the other jobs of a shared 2-core
+box (load ~8), 7 of 8 runs measured no crossover at all, and one helper's run measured 18.
 """
 
 import argparse
