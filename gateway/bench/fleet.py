@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.flights import Flights
+from gateway.bench.flights import Flights, drive_script
 from gateway.bench.levels import LevelPlan, parse_levels, plan_levels
 from gateway.bench.stats import LevelResult, RequestRecord, summarise
-from gateway.bench.workloads import Job, Outcome, Script, Send, Think, Workload, make_workload
+from gateway.bench.workloads import Job, Outcome, Workload, make_workload
 from gateway.config import Backend, Routing, load_settings
 from gateway.pool import Ask, Lease, PairSpec, Pool
 from gateway.sim.profile import Profile, load_profiles, seed_profiles
@@ -117,32 +117,11 @@ def run_fleet_level(workload: Workload, plan: LevelPlan, routing: Routing,
             return
         index = counters["scripts"]
         counters["scripts"] += 1
-        advance(pools[index % len(pools)], workload.script(index), None)
-
-    def advance(pool: Pool, script: Script, value: list[Outcome] | None) -> None:
-        try:
-            action = script.send(value)
-        except StopIteration:
-            next_script()
-            return
-        if isinstance(action, Think):
-            sim.at(sim.now + action.seconds, lambda: advance(pool, script, None))
-            return
-        assert isinstance(action, Send)
-        outcomes: list[Outcome | None] = [None] * len(action.jobs)
-        pending = [len(action.jobs)]
-
-        def done(i: int, outcome: Outcome) -> None:
-            outcomes[i] = outcome
-            pending[0] -= 1
-            if pending[0] == 0:
-                advance(pool, script, [o for o in outcomes if o is not None])
-
-        for i, job in enumerate(action.jobs):
-            counters["started"] += 1
-            send(pool, job, lambda outcome, i=i: done(i, outcome))
+        pool = pools[index % len(pools)]
+        drive_script(sim, workload.script(index), lambda job, done: send(pool, job, done), next_script)
 
     def send(pool: Pool, job: Job, done: Callable[[Outcome], None]) -> None:
+        counters["started"] += 1
         record = RequestRecord(start=sim.now)
         records.append(record)
         admitted = pool.admit(Ask(session=job.session), sim.now)

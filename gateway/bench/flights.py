@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from gateway.backends import BackendState
 from gateway.bench.stats import RequestRecord
-from gateway.bench.workloads import WORD_ID_BASE, Job, Outcome
+from gateway.bench.workloads import WORD_ID_BASE, Job, Outcome, Script, Send, Think
 from gateway.pool import Lease, Pool
 from gateway.pool import Outcome as LeaseOutcome
 from gateway.sim.engine import Request
@@ -109,3 +109,30 @@ class Flights:
         request = Request(rid, tuple(prompt), max_tokens, greedy=flight.job.greedy)
         self.sim.submit(record.backend, request, on_first_token=on_first, on_chunk=on_chunk,
                         on_finish=on_finish)
+
+
+def drive_script(sim: VirtualSim, script: Script, send: Callable[[Job, Callable[[Outcome], None]], None],
+                 finished: Callable[[], None], value: list[Outcome] | None = None) -> None:
+    """Run one client's script in simulated time: think, send its jobs (together), resume it
+    with their outcomes once all have ended, and call `finished` when the script is done."""
+    try:
+        action = script.send(value)
+    except StopIteration:
+        finished()
+        return
+    if isinstance(action, Think):
+        sim.at(sim.now + action.seconds, lambda: drive_script(sim, script, send, finished))
+        return
+    assert isinstance(action, Send)
+    outcomes: list[Outcome | None] = [None] * len(action.jobs)
+    pending = [len(action.jobs)]
+
+    def done(i: int, outcome: Outcome) -> None:
+        outcomes[i] = outcome
+        pending[0] -= 1
+        if pending[0] == 0:
+            drive_script(sim, script, send, finished, [o for o in outcomes if o is not None])
+
+    for i, job in enumerate(action.jobs):
+        send(job, lambda outcome, i=i: done(i, outcome))
+

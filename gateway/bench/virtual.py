@@ -20,10 +20,10 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 from gateway.adaptive import CrossoverEstimator
-from gateway.bench.flights import Flights
+from gateway.bench.flights import Flights, drive_script
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import LevelResult, RequestRecord, summarise
-from gateway.bench.workloads import Job, Outcome, Script, Send, Think, Workload
+from gateway.bench.workloads import Job, Outcome, Workload
 from gateway.config import Backend, Routing
 from gateway.pool import Ask, Lease, PairSpec, Pool
 from gateway.sim.profile import Profile
@@ -88,31 +88,12 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
             return
         script = workload.script(counters["scripts"])
         counters["scripts"] += 1
-        advance(script, None)
+        drive_script(sim, script, start, next_script)
 
-    def advance(script: Script, value: list[Outcome] | None) -> None:
-        try:
-            action = script.send(value)
-        except StopIteration:
-            next_script()
-            return
-        if isinstance(action, Think):
-            sim.at(sim.now + action.seconds, lambda: advance(script, None))
-            return
-        assert isinstance(action, Send)
-        outcomes: list[Outcome | None] = [None] * len(action.jobs)
-        pending = [len(action.jobs)]
-
-        def done(i: int, outcome: Outcome) -> None:
-            outcomes[i] = outcome
-            pending[0] -= 1
-            if pending[0] == 0:
-                advance(script, [o for o in outcomes if o is not None])
-
-        for i, job in enumerate(action.jobs):
-            counters["started"] += 1
-            maybe_drop_acceptance()
-            send(job, lambda outcome, i=i: done(i, outcome))
+    def start(job: Job, done: Callable[[Outcome], None]) -> None:
+        counters["started"] += 1
+        maybe_drop_acceptance()
+        send(job, done)
 
     def maybe_drop_acceptance() -> None:
         if accept_drop is None or counters.get("dropped"):
