@@ -362,7 +362,8 @@ async def open_then_leave(gateway: LiveGateway, path: str, body: dict[str, Any])
 async def test_a_disconnect_aborts_messages_and_responses_by_the_rid_sglang_uses() -> None:
     """/v1/messages: the rid goes in x-override-rid (read by SGLang launched with
     SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1); /v1/responses: its request_id is the rid.
-    Neither got an abort before, so SGLang ran on for 2 s after the client left."""
+    Neither got an abort before: SGLang still frees a stream whose connection closes
+    (tokenizer_manager.py:958), but a non-streamed request only within 4 s (:1960-1970)."""
     async with scripted_pair() as (gateway, backends):
         mtp = backends["mtp"]
         mtp.hold = True

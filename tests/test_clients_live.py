@@ -164,8 +164,8 @@ async def test_a_full_queue_in_a_200_is_served_by_the_other_server_and_both_full
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages"])
 async def test_a_disconnect_frees_the_backend_slot_at_once(path: str) -> None:
-    """Read from the simulator's /v1/loads, at speed 1, well before SGLang's 2 s background
-    abort (tokenizer_manager.py:2427). /v1/responses: the gateway aborts the request_id it set.
+    """Read from the simulator's /v1/loads, at speed 1: a gateway that kept the upstream stream
+    open would leave the slot taken until the generation ended (5,000 tokens). /v1/responses: the gateway aborts the request_id it set.
     /v1/messages: no rid SGLang reads by default; the gateway closes the upstream connection
     at once, and SGLang aborts a stream whose connection closed (tokenizer_manager.py:958)."""
     body = {**STREAMS[path], "max_tokens": 5000, "max_output_tokens": 5000}
@@ -184,7 +184,8 @@ async def test_a_disconnect_frees_the_backend_slot_at_once(path: str) -> None:
             return sum(rank["num_running_reqs"] + rank["num_waiting_reqs"] for rank in loads)
 
         while await running():
-            assert time.monotonic() - left < 1.5, "not freed before SGLang's 2 s background abort"
+            # 1.5 s is a margin for a loaded CI machine; measured 4-35 ms (docs/compat.md).
+            assert time.monotonic() - left < 1.5, "the upstream stream outlived its client"
             await asyncio.sleep(0.005)
         await settled(gateway, 0)
 

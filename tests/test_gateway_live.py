@@ -217,7 +217,7 @@ async def test_inflight_returns_to_zero_after_normal_completion(sim) -> None:
 
 @pytest.mark.timeout(30)
 async def test_client_disconnect_mid_stream_releases_and_aborts_upstream() -> None:
-    # speed 1: SGLang's own abort comes 2 s after a disconnect; the gateway's is immediate.
+    # speed 1: the gateway closes the upstream stream and posts /abort_request at once.
     async with start_sim_pair(SimOptions(speed=1)) as pair, live_gateway(pair) as gateway, \
             httpx.AsyncClient() as client:
         engine = pair.servers["mtp"].live.engine

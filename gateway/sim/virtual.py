@@ -33,8 +33,12 @@ from dataclasses import dataclass
 from gateway.sim.engine import Engine, Output, Request, Step
 from gateway.sim.profile import Profile
 
-# SGLang's tokenizer manager aborts a disconnected request's rid 2 s after the client goes.
-DISCONNECT_ABORT_DELAY_S = 2.0
+# SGLang 0.5.23 aborts a stream as soon as the client's disconnect cancels it (the
+# `except BaseException` cleanup of `generate_request`, tokenizer_manager.py:958); a
+# non-streamed request is noticed when its wait for output times out
+# (SGLANG_REQUEST_STATE_WAIT_TIMEOUT, 4 s: tokenizer_manager.py:1960-1970, environ.py:1679).
+# The 2 s `create_abort_task` (tokenizer_manager.py:2429) is only a fallback after both.
+NON_STREAM_DISCONNECT_NOTICED_S = 4.0
 
 FirstTokenCallback = Callable[[float], None]
 ChunkCallback = Callable[[float, int], None]
@@ -116,9 +120,11 @@ class VirtualSim:
         for aborted in self.engines[backend].abort(rid):
             self._deliver(backend, Output(aborted, 0, finish_reason="abort"))
 
-    def disconnect(self, backend: str, rid: str) -> None:
-        """Client went away: SGLang aborts 2 s later, and the slot frees one step after that."""
-        self.at(self.now + DISCONNECT_ABORT_DELAY_S, lambda: self._abort_late(backend, rid))
+    def disconnect(self, backend: str, rid: str, *, streaming: bool = True) -> None:
+        """Client went away: SGLang aborts a stream at once and a non-streamed request when it
+        next wakes (at most 4 s); either way the slot frees one step after the abort."""
+        delay = 0.0 if streaming else NON_STREAM_DISCONNECT_NOTICED_S
+        self.at(self.now + delay, lambda: self._abort_late(backend, rid))
 
     def _abort_late(self, backend: str, rid: str) -> None:
         if self.engines[backend].abort_after_next_step(rid):

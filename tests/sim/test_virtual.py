@@ -188,12 +188,23 @@ def test_abort_frees_the_slot_at_once():
     assert rec.finish == (1.0, "abort")
 
 
-def test_disconnect_frees_the_slot_two_seconds_and_one_step_later():
+def test_a_disconnected_stream_frees_its_slot_one_step_later():
+    # SGLang 0.5.23 aborts a stream when the disconnect cancels it (tokenizer_manager.py:958),
+    # not after the 2 s fallback task.
     sim = VirtualSim(PROFILES)
     Recorder(sim).submit("plain", Request("a", text_prompt(10), 10_000))
     sim.run(until=1.0)
     sim.disconnect("plain", "a")
-    sim.run(until=3.0)
+    sim.run(until=1.0 + 2 * PROFILES["plain"].decode_step_s(1))
+    assert sim.engines["plain"].num_running == 0
+
+
+def test_a_disconnected_non_streamed_request_is_noticed_within_four_seconds():
+    sim = VirtualSim(PROFILES)
+    Recorder(sim).submit("plain", Request("a", text_prompt(10), 10_000))
+    sim.run(until=1.0)
+    sim.disconnect("plain", "a", streaming=False)
+    sim.run(until=4.9)
     assert sim.engines["plain"].num_running == 1
-    sim.run(until=3.0 + 2 * PROFILES["plain"].decode_step_s(1))
+    sim.run(until=5.0 + 2 * PROFILES["plain"].decode_step_s(1))
     assert sim.engines["plain"].num_running == 0
