@@ -36,6 +36,10 @@ class GatewayMetrics:
                                        ["backend", "kind"], registry=registry)
         self.retries = Counter("gateway_retries", "Requests retried on the other backend.",
                                ["from_backend", "to_backend"], registry=registry)
+        self.moves = Counter("gateway_moved_requests",
+                             "Streams moved before their first byte when the pair flipped to "
+                             "plain (cancelled, re-sent whole).", ["from_backend", "to_backend"],
+                             registry=registry)
         self.disconnects = Counter("gateway_client_disconnects",
                                    "Clients that left before their response ended.",
                                    ["backend", "phase"], registry=registry)

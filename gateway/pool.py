@@ -320,8 +320,10 @@ class Pool:
         policy.plan_moves); the caller moves them with `Lease.move_to`."""
         moves = {}
         for pair in self.pairs.values():
-            flipped, pair.flipped_to_plain = pair.flipped_to_plain, False
-            planned = plan_moves(self.snapshot(pair, now), pair.routing, flipped=flipped)
+            if not pair.flipped_to_plain:  # every admission asks: the usual answer is cheap
+                continue
+            pair.flipped_to_plain = False
+            planned = plan_moves(self.snapshot(pair, now), pair.routing, flipped=True)
             if planned:
                 moves[pair.name] = planned
         return moves
@@ -339,6 +341,7 @@ class Lease:
     ended: bool = False
     output_tokens: int | None = None  # completion tokens, when the caller learned them
     output_chunks: int | None = None  # SSE chunks that carried them, when counted
+    moved_from: BackendState | None = None  # the server a planned move took it off
     # When the first byte came, and the pair's running-stream areas then (a speed sample).
     _sample_from: tuple[float, dict[Role, float]] | None = None
 
@@ -348,10 +351,11 @@ class Lease:
 
     @property
     def reason(self) -> str:
-        """Why the request is where it is: the decision's reason, or failover after a retry
-        or a move."""
-        return self.placement.decision.reason if self.backend is self.placement.backend \
-            else "failover"
+        """Why the request is where it is: the decision's reason, `moved` after a planned
+        move at the flip, or failover after a retry."""
+        if len(self.attempts) > 1:
+            return "failover"
+        return self.placement.decision.reason if self.moved_from is None else "moved"
 
     def first_byte(self, now: float) -> None:
         if self.started or self.ended:
@@ -389,6 +393,7 @@ class Lease:
             current.backend.end_trial()
             current.trial = False
         self.attempts[-1] = Attempt(backend, backend.admit(now, started=self.started))
+        self.moved_from = current.backend
         self._sample_from = None  # its speed is no longer one server's
 
     def end(self, outcome: Outcome, now: float, failure: Failure | None = None) -> list[Verdict]:

@@ -130,7 +130,7 @@ def _as_sent(exchange: Exchange, exc: UpstreamError) -> tuple[UpstreamResponse, 
     raise exc
 
 
-@dataclass
+@dataclass(eq=False)
 class Exchange:
     """One request on its way through: the facts, the lease, and what has been sent."""
 
@@ -151,6 +151,10 @@ class Exchange:
     status: int = 0  # what the client got, for the access log
     ended: str = "complete"  # how it ended, for the access log
     tokens: tuple[int, int] | None = None  # prompt and completion tokens, when usage was seen
+    # While a stream waits for its first event (movable at a flip, see ProxyEndpoint.move):
+    opening: asyncio.Future[tuple[UpstreamResponse, bytes]] | None = None
+    moved: asyncio.Future[None] | None = None  # resolved by a planned move
+    head_read: bool = False  # this attempt took bytes from the backend: it is not movable
 
 
 class ProxyEndpoint:
@@ -166,6 +170,9 @@ class ProxyEndpoint:
         # previous_response_id, GET and cancel) only on the server that made it.
         self.stored = SessionMap(STORED_RESPONSES)
         self.background: set[asyncio.Task[None]] = set()
+        # Streams waiting for their first event, per backend, in arrival order: what a
+        # planned move at a pair's flip can take.
+        self.unstarted: dict[BackendState, dict[Exchange, None]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.monotonic()
@@ -238,8 +245,9 @@ class ProxyEndpoint:
             self.metrics.e2e.labels(backend).observe(time.monotonic() - started)
             if settings.log.access:
                 ttft = None if exchange.first_byte_at is None else exchange.first_byte_at - started
+                moved_from = lease.moved_from.name if lease.moved_from is not None else None
                 log_access(inbound.path, backend, lease.reason, exchange.status, ttft,
-                           started, exchange.ended, exchange.tokens)
+                           started, exchange.ended, exchange.tokens, moved_from)
 
     def _end(self, exchange: Exchange) -> None:
         """The lease ends with how the request ended: the one place where failures are judged
@@ -261,6 +269,7 @@ class ProxyEndpoint:
                         backend.circuit.failures)
 
     async def _run(self, exchange: Exchange, send: Send, settings: Settings) -> None:
+        self.move_unstarted()  # no await since the admission: its flip, if it made one
         response, first = await self._attempt_with_retry(exchange, send, settings)
         if response.status >= 400:
             if exchange.committed:  # keep-alives went out: the status can no longer change
@@ -305,6 +314,7 @@ class ProxyEndpoint:
                 return self._no_retry(exchange, exc)
             self.metrics.retries.labels(first.name, fallback.name).inc()
             log.warning("retrying on %s after %s from %s", fallback.name, exc.kind, first.name)
+            self.move_unstarted()  # the retry's decision may have flipped the mode
         try:
             return await self._attempt(exchange, send, settings)
         except UpstreamError as again:
@@ -322,21 +332,69 @@ class ProxyEndpoint:
         """Open the upstream response up to its first body bytes.
 
         A stream whose first token is slow (long prefill, queue) gets SSE keep-alive comments
-        meanwhile, so idle-timeout proxies between the agent and the gateway keep it open."""
-        opening = self._open(exchange, settings)
-        keepalive_s = settings.timeouts.keepalive_s
-        if not exchange.inbound.stream or keepalive_s <= 0:
-            return await opening
-        waiting = asyncio.ensure_future(opening)
+        meanwhile, so idle-timeout proxies between the agent and the gateway keep it open.
+        Until its first event a stream can be moved (`move_unstarted`): it then opens again,
+        whole, on the server the move gave its lease."""
+        if not exchange.inbound.stream:
+            return await self._open(exchange, settings)
+        while True:
+            opened = await self._open_movable(exchange, send, settings)
+            if opened is not None:
+                return opened
+
+    async def _open_movable(self, exchange: Exchange, send: Send, settings: Settings
+                            ) -> tuple[UpstreamResponse, bytes] | None:
+        """One opening of a stream, raced against a planned move (None: it was moved). Only
+        the wait for the first event races: the relay of the chunks after it is untouched."""
+        opening = exchange.opening = asyncio.ensure_future(self._open(exchange, settings))
+        moved = exchange.moved = asyncio.get_running_loop().create_future()
+        exchange.head_read = False
+        unstarted = self.unstarted.setdefault(exchange.lease.backend, {})
+        unstarted[exchange] = None
+        keepalive_s = settings.timeouts.keepalive_s or None
         try:
-            while not (await asyncio.wait({waiting}, timeout=keepalive_s))[0]:
+            while True:
+                await asyncio.wait((opening, moved), timeout=keepalive_s,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if moved.done():
+                    await _unwind(opening)  # its upstream was closed and aborted by the move
+                    return None
+                if opening.done():
+                    return opening.result()
                 if not exchange.committed:
                     await self._commit(exchange, send, 200, _SSE_CONTENT_TYPE, _STREAM_HEADERS)
                 await send({"type": "http.response.body", "body": _KEEPALIVE_COMMENT,
                             "more_body": True})
-            return waiting.result()
         finally:
-            waiting.cancel()
+            del unstarted[exchange]
+            exchange.opening = exchange.moved = None
+            opening.cancel()
+
+    def move_unstarted(self) -> None:
+        """At a pair's flip to plain, streams on its MTP server that have had no byte move to
+        its plain server, as many as the pool plans (`routing.move_unstarted`). The newest
+        first: they are surely queued behind MTP's running cap, while the oldest may be
+        prefilling already; those chosen move in arrival order, so plain queues them in it."""
+        now = time.monotonic()
+        for name, moves in self.pool.take_moves(now).items():
+            pair = self.pool.pairs[name]
+            source, target = pair.backends["mtp"], pair.backends["plain"]
+            candidates = [e for e in self.unstarted.get(source, ()) if _movable(e, source, target)]
+            chosen = candidates[max(0, len(candidates) - moves.not_started):]
+            for exchange in chosen:
+                self._move(exchange, target, now)
+
+    def _move(self, exchange: Exchange, target: BackendState, now: float) -> None:
+        """Cancel the attempt where it waits (SGLang frees its queue slot at the abort, not at
+        its own disconnect check) and hand the lease to `target`; the request's task opens it
+        there when it wakes."""
+        source = exchange.lease.backend
+        assert exchange.opening is not None and exchange.moved is not None
+        exchange.opening.cancel()  # its next step is the end: nothing more is sent or read
+        self._abort_upstream(exchange)
+        exchange.lease.move_to(target, now)
+        exchange.moved.set_result(None)
+        self.metrics.moves.labels(source.name, target.name).inc()
 
     async def _open(self, exchange: Exchange, settings: Settings) -> tuple[UpstreamResponse, bytes]:
         inbound, target = exchange.inbound, exchange.lease.backend.target
@@ -371,6 +429,7 @@ class ProxyEndpoint:
             chunk = await response.next_chunk()
             if not chunk:
                 raise UpstreamBroken(f"backend '{backend}' ended the stream before its first event")
+            exchange.head_read = True
             exchange.watchdog.got_bytes()
             head += framer.feed(chunk)
             for event in split_events(head):
@@ -607,6 +666,25 @@ class ProxyEndpoint:
         raise failure
 
 
+def _movable(exchange: Exchange, source: BackendState, target: BackendState) -> bool:
+    """A stream still waiting on `source` for its first event, of which no byte has come (none
+    taken, none waiting to be read), and that `target` has not failed already."""
+    opening, moved, upstream = exchange.opening, exchange.moved, exchange.upstream
+    return (opening is not None and not opening.done() and moved is not None
+            and not moved.done() and not exchange.head_read
+            and (upstream is None or not upstream.unread)
+            and exchange.lease.backend is source
+            and all(attempt.backend is not target for attempt in exchange.lease.attempts))
+
+
+async def _unwind(opening: asyncio.Future[Any]) -> None:
+    """Wait until an opening the move cancelled has let go of everything; what it raised or
+    returned is dropped (its response was closed)."""
+    await asyncio.wait((opening,))
+    if not opening.cancelled():
+        opening.exception()  # retrieved: a failure of the old attempt judges no one
+
+
 def _key_matches(given: str | None, keys: tuple[str, ...]) -> bool:
     if given is None:
         return False
@@ -652,15 +730,16 @@ async def _watch_disconnect(receive: Receive, watchdog: Watchdog) -> None:
 
 def log_access(path: str, backend: str | None, reason: str | None, status: int,
                ttft: float | None, started: float, ended: str,
-               tokens: tuple[int, int] | None) -> None:
+               tokens: tuple[int, int] | None, moved_from: str | None = None) -> None:
     """One line per request, logfmt: what an operator greps for when a client complains."""
     if not access.isEnabledFor(logging.INFO):
         return
     access.info(
         "path=%s backend=%s reason=%s status=%d ttft_ms=%s duration_ms=%.1f prompt_tokens=%s "
-        "completion_tokens=%s ended=%s", path, backend or "-", reason or "-", status,
-        "-" if ttft is None else f"{ttft * 1000:.1f}", (time.monotonic() - started) * 1000,
-        "-" if tokens is None else tokens[0], "-" if tokens is None else tokens[1], ended)
+        "completion_tokens=%s ended=%s moved_from=%s", path, backend or "-", reason or "-",
+        status, "-" if ttft is None else f"{ttft * 1000:.1f}",
+        (time.monotonic() - started) * 1000, "-" if tokens is None else tokens[0],
+        "-" if tokens is None else tokens[1], ended, moved_from or "-")
 
 
 async def send_error(send: Send, exc: GatewayError,

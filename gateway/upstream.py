@@ -133,6 +133,12 @@ class UpstreamResponse:
         self.resume_reading()
         return data
 
+    @property
+    def unread(self) -> bool:
+        """Body bytes have arrived that no reader took yet (read before the first byte only:
+        a planned move must not discard what the backend already sent)."""
+        return bool(self._buffer)
+
     async def read(self) -> bytes:
         parts = []
         while chunk := await self.next_chunk():

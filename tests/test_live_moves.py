@@ -1,0 +1,241 @@
+"""Live moves at the flip: streams queued on MTP that have had no byte move to plain.
+
+A simulated pair whose MTP server runs 2 requests at once, a crossover of 6: two long streams
+run on MTP, four more requests queue behind them there, and the seventh request flips the pair
+to plain. The queued streams then move (cancelled on MTP, re-sent whole to plain) and end as
+ordinary streams from plain; the running ones and the non-streamed one stay where they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.cli import warn_bench_only
+from gateway.sim.faults import Faults
+from gateway.sim.profile import load_profiles
+from gateway.sim.server import SimOptions, SimPair, start_sim_pair
+from tests.conftest import LiveGateway, gateway_settings, live_gateway
+from tests.live import wait_until
+
+MODEL = "Qwen/Qwen3.5-122B-A10B"
+MTP_CAP = 2
+CROSSOVER = 6
+QUEUED_STREAMS = 3
+ROUTING = {"crossover": CROSSOVER, "hysteresis": 2, "min_dwell_s": 600,
+           "adaptive_crossover": False, "adapt_to_accept_length": False}
+
+
+@pytest.fixture
+async def small_mtp() -> AsyncIterator[SimPair]:
+    """The pair with MTP's running cap at 2, at 5x the modelled GPU: a 100,000-token stream
+    runs for minutes of wall time, so what queues behind it stays queued until the test says."""
+    profiles = load_profiles()
+    profiles["mtp"] = dataclasses.replace(profiles["mtp"], max_running_requests=MTP_CAP)
+    async with start_sim_pair(SimOptions(speed=5, profiles=profiles)) as pair:
+        yield pair
+
+
+def _messages(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+async def _open_stream(client: openai.AsyncOpenAI, max_tokens: int) -> tuple[Any, Any]:
+    """A chat stream opened with the SDK: its raw response (headers) and its chunk stream."""
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=_messages("hello"), max_tokens=max_tokens, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    return raw, raw.parse()
+
+
+async def _whole_stream(client: openai.AsyncOpenAI, max_tokens: int) -> dict[str, Any]:
+    """One streamed answer read to its end, as a client sees it."""
+    raw, stream = await _open_stream(client, max_tokens)
+    text, finish, usage = [], None, None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            text.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+        usage = chunk.usage or usage
+    return {"backend": raw.headers["x-gateway-backend"],
+            "reason": raw.headers["x-gateway-route-reason"], "text": "".join(text),
+            "finish": finish, "completion_tokens": usage.completion_tokens if usage else None}
+
+
+async def _whole_answer(client: openai.AsyncOpenAI, max_tokens: int) -> dict[str, Any]:
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=_messages("hello"), max_tokens=max_tokens,
+        extra_body={"ignore_eos": True})
+    answer = raw.parse()
+    return {"backend": raw.headers["x-gateway-backend"],
+            "reason": raw.headers["x-gateway-route-reason"],
+            "completion_tokens": answer.usage.completion_tokens}
+
+
+class Burst:
+    """Two streams running on MTP, then three streams and one non-streamed request queued
+    behind them there, then the request that flips the pair to plain."""
+
+    def __init__(self, gateway: LiveGateway, pair: SimPair, client: openai.AsyncOpenAI) -> None:
+        self.gateway, self.pair, self.client = gateway, pair, client
+        self.mtp = pair.servers["mtp"].live.engine
+
+    async def start(self, before_flip: Callable[[], Awaitable[None]] | None = None) -> None:
+        pool = self.gateway.pool
+        self.running = [await _open_stream(self.client, 100_000) for _ in range(MTP_CAP)]
+        self.firsts = [await anext(aiter(stream)) for _, stream in self.running]
+        self.queued = [asyncio.create_task(_whole_stream(self.client, 40))
+                       for _ in range(QUEUED_STREAMS)]
+        self.whole = asyncio.create_task(_whole_answer(self.client, 40))
+        queued = QUEUED_STREAMS + 1
+        await wait_until(lambda: self.mtp.num_waiting == queued, timeout=20)
+        assert pool.backends["mtp"].inflight == MTP_CAP + queued
+        assert pool.backends["mtp"].not_started == queued
+        assert pool.pairs["default"].mode == "mtp"
+        if before_flip is not None:
+            await before_flip()
+        self.flip = asyncio.create_task(_whole_stream(self.client, 40))
+        await wait_until(lambda: pool.pairs["default"].mode == "plain", timeout=20)
+
+    async def finish(self) -> None:
+        """The running streams end (their clients close them); everything else ends by
+        itself, and the gateway's counts return to zero."""
+        for raw, stream in self.running:
+            assert raw.headers["x-gateway-backend"] == "mtp"
+            await stream.close()
+        await asyncio.wait_for(asyncio.gather(*self.queued, self.whole, self.flip), timeout=30)
+        await wait_until(lambda: self.gateway.pool.concurrency == 0, timeout=10)
+        assert [b.not_started for b in self.gateway.pool.backends.values()] == [0, 0]
+
+
+def _moved_total(metrics: str) -> float:
+    found = re.search(r'^gateway_moved_requests_total\{from_backend="mtp",to_backend="plain"\} '
+                      r"(\S+)$", metrics, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.timeout(90)
+async def test_flip_moves_queued_streams_to_plain(small_mtp, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="mtp_gateway.access")
+    async with live_gateway(small_mtp, routing=ROUTING) as gateway, \
+            httpx.AsyncClient() as http:
+        client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+        burst = Burst(gateway, small_mtp, client)
+        await burst.start()
+        moved = await asyncio.wait_for(asyncio.gather(*burst.queued), timeout=30)
+        flip = await burst.flip
+        # Each queued stream came whole from plain, as a stream plain served from the start.
+        assert [(m["backend"], m["reason"]) for m in moved] == [("plain", "moved")] * 3
+        assert all(m["finish"] == "length" and m["completion_tokens"] == 40 and m["text"]
+                   for m in moved)
+        assert (flip["backend"], flip["reason"]) == ("plain", "above_crossover")
+        # MTP kept its running streams and the non-streamed request (its start is unknowable);
+        # its queue holds nothing else: the moved requests were aborted there.
+        await wait_until(lambda: burst.mtp.num_waiting == 1, timeout=10)
+        assert burst.mtp.num_running == MTP_CAP
+        assert gateway.pool.backends["mtp"].inflight == MTP_CAP + 1
+        assert not burst.whole.done()
+        metrics = (await http.get(gateway.url + "/metrics")).text
+        assert _moved_total(metrics) == QUEUED_STREAMS
+        await burst.finish()
+        assert (await burst.whole)["backend"] == "mtp"
+        await client.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "mtp_gateway.access"]
+    moved_lines = [line for line in lines if "moved_from=mtp" in line]
+    assert len(moved_lines) == QUEUED_STREAMS
+    assert all("backend=plain reason=moved status=200" in line and "ended=complete" in line
+               for line in moved_lines)
+
+
+@pytest.mark.timeout(90)
+async def test_nothing_moves_with_move_unstarted_off(small_mtp) -> None:
+    routing = {**ROUTING, "move_unstarted": False}
+    async with live_gateway(small_mtp, routing=routing) as gateway, httpx.AsyncClient() as http:
+        client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+        burst = Burst(gateway, small_mtp, client)
+        await burst.start()
+        flip = await asyncio.wait_for(burst.flip, timeout=30)
+        assert (flip["backend"], flip["reason"]) == ("plain", "above_crossover")
+        assert burst.mtp.num_waiting == QUEUED_STREAMS + 1
+        assert not any(task.done() for task in burst.queued)
+        assert _moved_total((await http.get(gateway.url + "/metrics")).text) == 0
+        await burst.finish()
+        assert [(t.result()["backend"], t.result()["reason"]) for t in burst.queued] == \
+            [("mtp", "below_crossover")] * QUEUED_STREAMS
+        await client.close()
+
+
+@pytest.mark.timeout(90)
+async def test_a_moved_stream_that_plain_fails_is_retried_like_any_other(small_mtp) -> None:
+    """Plain answers the flip's request and the three moved streams with HTTP 500: each is
+    retried on MTP (plain excluded, as after any failure before the first byte), each counts
+    once against plain's circuit, and every client still gets its whole stream."""
+    async def plain_fails() -> None:
+        await small_mtp.servers["plain"].set_faults(Faults(fail_status=500, fail_count=4))
+
+    # No health probes during the burst: /health answers 503 while the fault is set.
+    async with live_gateway(small_mtp, routing=ROUTING, monitor={"interval_s": 600}) as gateway:
+        client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+        burst = Burst(gateway, small_mtp, client)
+        await burst.start(before_flip=plain_fails)
+        await wait_until(lambda: burst.mtp.num_waiting == QUEUED_STREAMS + 2, timeout=20)
+        assert gateway.pool.backends["plain"].inflight == 0
+        await burst.finish()
+        streams = [task.result() for task in (*burst.queued, burst.flip)]
+        assert [(s["backend"], s["reason"]) for s in streams] == [("mtp", "failover")] * 4
+        assert all(s["finish"] == "length" and s["completion_tokens"] == 40 for s in streams)
+        assert gateway.pool.backends["plain"].circuit.failures == 4
+        assert gateway.pool.backends["mtp"].circuit.failures == 0
+        await client.close()
+
+
+def test_serve_warns_that_the_relay_does_not_hand_running_streams_off(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="mtp_gateway")
+    warn_bench_only(gateway_settings(None))
+    assert not caplog.records
+    warn_bench_only(gateway_settings(None, routing={"handoff_running": True}))
+    assert len(caplog.records) == 1
+    assert "handoff_running is true (pairs: default)" in caplog.records[0].getMessage()
+
+
+@pytest.mark.timeout(60)
+async def test_a_burst_arriving_at_once_reaches_each_server_once_per_request() -> None:
+    """Twelve streams sent together, crossover 4, MTP too slow to start any: the four MTP
+    took move at the flip, most before their request was even sent to MTP. Each request
+    reaches plain once (an opening cancelled by the move sends nothing), and each stream ends
+    whole."""
+    seen: list[tuple[str, str]] = []
+    async with start_sim_pair(SimOptions(speed=5)) as pair:
+        await pair.servers["mtp"].set_faults(Faults(slow_factor=10_000))
+        for name, server in pair.servers.items():
+            engine = server.live.engine
+            submit = engine.submit
+
+            def record(request: Any, name: str = name, submit: Any = submit) -> None:
+                seen.append((name, request.rid))
+                submit(request)
+
+            engine.submit = record
+        routing = {**ROUTING, "crossover": 4}
+        async with live_gateway(pair, routing=routing) as gateway, httpx.AsyncClient() as http:
+            client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused",
+                                        max_retries=0)
+            streams = await asyncio.gather(*(_whole_stream(client, 20) for _ in range(12)))
+            assert all(s["finish"] == "length" and s["completion_tokens"] == 20
+                       for s in streams)
+            assert sorted(s["reason"] for s in streams).count("moved") == 4
+            assert {s["backend"] for s in streams} == {"plain"}
+            metrics = (await http.get(gateway.url + "/metrics")).text
+            assert _moved_total(metrics) == 4
+            await wait_until(lambda: gateway.pool.concurrency == 0, timeout=10)
+            await client.close()
+    on_plain = [rid for name, rid in seen if name == "plain"]
+    assert len(on_plain) == len(set(on_plain)) == 12
