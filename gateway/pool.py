@@ -103,6 +103,7 @@ class PairState:
     mode_since: float = 0.0
     flipped_to_plain: bool = False  # since the last Pool.take_moves()
     changed_at: float = float("-inf")  # when the mode last changed (never, at start)
+    moved: int = 0  # requests moved off its MTP server at flips (Lease.move_to), ever
     estimator: CrossoverEstimator = field(default_factory=CrossoverEstimator)
 
     @property
@@ -394,6 +395,7 @@ class Lease:
             current.trial = False
         self.attempts[-1] = Attempt(backend, backend.admit(now, started=self.started))
         self.moved_from = current.backend
+        self.pool.pairs[backend.pair].moved += 1
         self._sample_from = None  # its speed is no longer one server's
 
     def end(self, outcome: Outcome, now: float, failure: Failure | None = None) -> list[Verdict]:

@@ -71,7 +71,7 @@ def backend_state(backend: BackendState, now: float, *, with_urls: bool) -> dict
 def pair_state(pair: PairState, now: float) -> dict[str, Any]:
     return {
         "name": pair.name, "mode": pair.mode, "mode_for_s": round(now - pair.mode_since, 3),
-        "concurrency": pair.concurrency, "crossover": pair.crossover,
+        "concurrency": pair.concurrency, "crossover": pair.crossover, "moved": pair.moved,
         "learning": pair.learning_state(), "routing": pair.routing.model_dump(mode="json"),
         "backends": [b.name for b in pair.backends.values()],
     }

@@ -145,6 +145,8 @@ async def test_flip_moves_queued_streams_to_plain(small_mtp, caplog) -> None:
         assert not burst.whole.done()
         metrics = (await http.get(gateway.url + "/metrics")).text
         assert _moved_total(metrics) == QUEUED_STREAMS
+        dashboard = (await http.get(gateway.url + "/dashboard/state")).json()
+        assert [p["moved"] for p in dashboard["pairs"]] == [QUEUED_STREAMS]
         await burst.finish()
         assert (await burst.whole)["backend"] == "mtp"
         await client.close()
