@@ -11,8 +11,17 @@ weighted mean of the per-stream rate, so a change of accept length or prompt mix
 the next few dozen streams (SGLang's `avg_spec_accept_length` is cumulative since start and
 lags for hours). The aggregate at load ``n`` is ``n x rate(n)``, MTP's stays flat beyond its
 running cap (the rest wait). The crossover is the lowest load in the configured bounds at which
-plain's aggregate reaches MTP's; without samples covering that comparison there is no estimate
-and the configured crossover applies.
+plain's aggregate reaches MTP's.
+
+Before there are samples, a prior from what the monitor knows (each server's running cap from
+/server_info, MTP's accept length) says where plain can overtake MTP at all: MTP's step costs a
+measured factor more than plain's at the same batch, so at its cap it makes
+``mtp_cap x accept / factor`` plain-steps' worth of tokens, which plain reaches only with that
+many streams running, and never if its cap is lower. Per load the learned estimate overrides the
+prior only where one server is measured clearly faster (`LEARNED_MARGIN`): within that margin
+the samples cannot settle it, and a decision that followed their noise would flip the mode with
+it. The answer is which server is faster at each load: plain from the crossover up, and at low
+load too when MTP's drafts are accepted too rarely to pay for its dearer step (`Advice`).
 """
 
 from __future__ import annotations
@@ -20,6 +29,9 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from typing import Literal
+
+Server = Literal["mtp", "plain"]
 
 # A stream counts as alone when the other server ran less than this many streams on average.
 ALONE_BELOW = 0.5
@@ -32,6 +44,17 @@ MIN_SAMPLES = 3
 SETTLE_S = 10.0
 # Streams shorter than this (tokens) say more about prefill than about decode speed.
 MIN_TOKENS = 16
+# MTP's decode step over plain's at the same batch, from the simulator's step tables fitted to
+# the seed (gateway/sim/profiles/default.yaml): at MTP's running cap of 24, 29.85 ms against
+# 18.5 ms (MTP's from the seed's 24-running row); alone, 16.46 ms against 9.26 ms (the seed's
+# C=1 row: plain 108 tok/s, MTP 121.5 at accept length 2.0, so 2 x 108 / 121.5).
+MTP_STEP_COST_AT_CAP = 29.85 / 18.5  # 1.61
+MTP_STEP_COST_ALONE = 16.46 / 9.26  # 1.78
+# The learned estimate overrides the prior at a load only where one server's aggregate is
+# measured this much above the other's. A stream's decode speed leaves out queueing and
+# prefill: chat on the pair's memory read plain 1,142 tok/s at 28 running against MTP's 1,121
+# at 24, where plain-only makes 1,189 and mtp-only 1,087 (bench, virtual time).
+LEARNED_MARGIN = 0.05
 
 
 @dataclass
@@ -74,6 +97,33 @@ class ThroughputCurve:
         return load * (low_rate + share * (high_rate - low_rate))
 
 
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """Where plain is the faster server, in the router's units: requests in flight on the
+    pair, the new one not counted (the new one makes the load one more)."""
+
+    crossover: int | None  # plain once in flight reaches this (None: cannot tell)
+    plain_below: int = 0  # ... and while in flight is below this (plain faster at low load)
+
+
+def prior_faster(load: int, mtp_cap: int | None, plain_cap: int | None,
+                 accept_length: float | None) -> Server | None:
+    """The faster server at `load` by the running caps and MTP's accept length alone (None when
+    one is unknown). MTP makes `accept_length` tokens per step at `MTP_STEP_COST_*` times
+    plain's step cost: at its cap, as much as plain does with `mtp_cap x accept /
+    MTP_STEP_COST_AT_CAP` streams (plain's step taken as at MTP's cap: it grows a little with
+    the batch, so the real crossover is a load or two higher); alone, plain is faster when the
+    accept length is below MTP_STEP_COST_ALONE."""
+    if mtp_cap is None or plain_cap is None or not accept_length:
+        return None
+    overtakes_at = mtp_cap * accept_length / MTP_STEP_COST_AT_CAP
+    if overtakes_at <= plain_cap and load >= overtakes_at:
+        return "plain"
+    if load == 1 and accept_length < MTP_STEP_COST_ALONE:
+        return "plain"
+    return "mtp"
+
+
 @dataclass
 class CrossoverEstimator:
     """Both servers' curves and the crossover they imply."""
@@ -86,7 +136,7 @@ class CrossoverEstimator:
     accept: _Bucket = field(default_factory=_Bucket)
     # The last answer, by (samples, arguments): admission asks on every request, samples
     # change only when a stream ends.
-    _memo: tuple[tuple[int, int, int, int | None, int | None], int | None] | None = None
+    _memo: tuple[tuple[object, ...], Advice] | None = None
 
     def observe(self, backend: str, tokens: int, seconds: float, running: float,
                 other_running: float, chunks: int | None = None) -> None:
@@ -101,29 +151,51 @@ class CrossoverEstimator:
         curve.add(running, tokens / seconds)
         self.samples += 1
 
-    def crossover(self, low: int, high: int, mtp_cap: int | None,
-                  plain_cap: int | None = None) -> int | None:
-        """The lowest load in [low, high] where plain's aggregate reaches MTP's (loads where
-        either is unknown are skipped); `high` when MTP is ahead up to `high`, or up to where
-        both servers are at their running caps (beyond, neither makes more); None when the
-        samples cannot tell."""
-        key = (self.samples, low, high, mtp_cap, plain_cap)
+    def advise(self, low: int, high: int, mtp_cap: int | None, plain_cap: int | None,
+               accept_length: float | None) -> Advice:
+        """Where plain is faster, by the samples where they are clear, else by the prior:
+        the crossover within [low, high] (`high` when MTP is faster up to where both servers
+        are at their caps, beyond which neither makes more), and the low loads below `low`
+        where plain is faster from the first stream on."""
+        accept = None if accept_length is None else round(accept_length, 2)
+        key = (self.samples, low, high, mtp_cap, plain_cap, accept)
         if self._memo is None or self._memo[0] != key:
-            self._memo = (key, self._crossing(low, high, mtp_cap, plain_cap))
+            self._memo = (key, self._advise(low, high, mtp_cap, plain_cap, accept))
         return self._memo[1]
 
-    def _crossing(self, low: int, high: int, mtp_cap: int | None,
-                  plain_cap: int | None) -> int | None:
+    def _advise(self, low: int, high: int, mtp_cap: int | None, plain_cap: int | None,
+                accept: float | None) -> Advice:
+        def faster(load: int) -> Server | None:
+            learned = self.learned_faster(load, mtp_cap, plain_cap)
+            return learned or prior_faster(load, mtp_cap, plain_cap, accept)
+
+        plain_up_to = 0  # a load: streams with the new one
+        while plain_up_to + 1 < low and faster(plain_up_to + 1) == "plain":
+            plain_up_to += 1
         both_full = None if mtp_cap is None or plain_cap is None else max(mtp_cap, plain_cap)
-        for load in range(low, high + 1):
-            mtp = self.mtp.aggregate(load if mtp_cap is None else min(load, mtp_cap))
-            plain = self.plain.aggregate(load if plain_cap is None else min(load, plain_cap))
-            if mtp is None or plain is None:
-                continue
-            if plain >= mtp:
-                return load
-            if load == high or (both_full is not None and load >= both_full):
-                return high
+        for in_flight in range(low, high + 1):
+            server = faster(in_flight + 1)
+            if server == "plain":
+                return Advice(in_flight, plain_up_to)
+            if server == "mtp" and (in_flight == high or (both_full is not None
+                                                          and in_flight + 1 >= both_full)):
+                break
+        else:
+            return Advice(None, plain_up_to)
+        return Advice(high, plain_up_to)
+
+    def learned_faster(self, load: int, mtp_cap: int | None,
+                       plain_cap: int | None) -> Server | None:
+        """The server measured faster at `load` by more than `LEARNED_MARGIN` (None: unknown,
+        or too close to call)."""
+        mtp = self.mtp.aggregate(load if mtp_cap is None else min(load, mtp_cap))
+        plain = self.plain.aggregate(load if plain_cap is None else min(load, plain_cap))
+        if mtp is None or plain is None:
+            return None
+        if plain > mtp * (1 + LEARNED_MARGIN):
+            return "plain"
+        if mtp > plain * (1 + LEARNED_MARGIN):
+            return "mtp"
         return None
 
     @property

@@ -120,8 +120,9 @@ class PoolCollector(Collector):
             "hysteresis": GaugeMetricFamily("gateway_hysteresis", "Configured hysteresis.",
                                             labels=self._labels([])),
             "learned": GaugeMetricFamily(
-                "gateway_learned_crossover", "Crossover learned from relayed streams (absent "
-                "until both servers were seen alone).", labels=self._labels([])),
+                "gateway_learned_crossover", "Crossover learned from relayed streams, or "
+                "before them from the running caps and accept length (absent while neither "
+                "tells).", labels=self._labels([])),
             "accept": GaugeMetricFamily(
                 "gateway_recent_accept_length", "MTP tokens per SSE chunk over recent streams.",
                 labels=self._labels([])),

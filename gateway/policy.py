@@ -9,6 +9,9 @@ The `crossover` policy keeps a mode in {mtp, plain}:
 - plain -> mtp only when concurrency has fallen to `crossover - hysteresis` and the plain
   mode has lasted `min_dwell_s`, so a busy boundary does not flap;
 - inside the band (crossover - hysteresis, crossover) a session stays where its prefix is cached;
+- plain at low load too, while concurrency is below `plain_below` (the learned estimate finds
+  plain faster there: MTP's drafts accepted too rarely to pay for its dearer step), left for
+  MTP only `LOW_LOAD_BAND` above it, so a load at the boundary does not flap;
 - the capacity guard sends a request to plain rather than queue it behind MTP's running cap;
 - an unhealthy backend is skipped; with none healthy there is no backend (503).
 """
@@ -26,6 +29,7 @@ Reason = Literal[
     "below_crossover",
     "above_crossover",
     "hysteresis_hold",
+    "plain_at_low_load",
     "mtp_at_capacity",
     "failover",
     "session_affinity",
@@ -34,6 +38,8 @@ Reason = Literal[
     "no_backend",
 ]
 REASONS: tuple[Reason, ...] = Reason.__args__  # type: ignore[attr-defined]
+# Plain at low load is left for MTP once concurrency is this far above where plain is faster.
+LOW_LOAD_BAND = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,7 @@ class Snapshot:
     backends: Mapping[Role, BackendView]
     accept_length: float | None = None  # MTP's speculative accept length, when known
     learned_crossover: int | None = None  # from the relayed streams (gateway.adaptive)
+    plain_below: int = 0  # plain is faster below this concurrency too (gateway.adaptive)
 
     @property
     def concurrency(self) -> int:
@@ -114,9 +121,10 @@ def next_mode(snapshot: Snapshot, routing: Routing, now: float) -> tuple[Mode, f
     """Apply the hysteresis rule to the current concurrency."""
     level = snapshot.concurrency
     crossover = effective_crossover(routing, snapshot.accept_length, snapshot.learned_crossover)
-    if snapshot.mode == "mtp" and level >= crossover:
+    if snapshot.mode == "mtp" and (level >= crossover or level < snapshot.plain_below):
         return "plain", now
-    if snapshot.mode == "plain" and level <= crossover - routing.hysteresis:
+    clear_of_low_load = not snapshot.plain_below or level >= snapshot.plain_below + LOW_LOAD_BAND
+    if snapshot.mode == "plain" and level <= crossover - routing.hysteresis and clear_of_low_load:
         if now - snapshot.mode_since >= routing.min_dwell_s:
             return "mtp", now
     return snapshot.mode, snapshot.mode_since
@@ -134,6 +142,8 @@ def _crossover_choice(
         return "mtp", "below_crossover"
     if level >= crossover:
         return "plain", "above_crossover"
+    if level < snapshot.plain_below:
+        return "plain", "plain_at_low_load"
     return "plain", "hysteresis_hold"
 
 

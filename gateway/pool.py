@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from gateway.adaptive import SETTLE_S, CrossoverEstimator
+from gateway.adaptive import SETTLE_S, Advice, CrossoverEstimator
 from gateway.backends import BackendState, CircuitRules, ProbeRules, Role
 from gateway.config import Backend, Routing, Settings
 from gateway.pairs import PairChoice, PairView, choose_pair
@@ -114,13 +114,27 @@ class PairState:
         return recent or self.backends["mtp"].accept_length
 
     @property
-    def learned_crossover(self) -> int | None:
-        """The crossover the relayed streams imply, within the configured bounds (or None)."""
+    def advice(self) -> Advice | None:
+        """Where plain is faster, from the relayed streams and, before they tell, from the
+        running caps and accept length (gateway.adaptive); None when not learning."""
         if not self.routing.adaptive_crossover:
             return None
         low, high = self.routing.crossover_bounds
-        return self.estimator.crossover(low, high, self.backends["mtp"].effective_cap,
-                                        self.backends["plain"].effective_cap)
+        accept = self.accept_length or self.routing.reference_accept_length
+        return self.estimator.advise(low, high, self.backends["mtp"].effective_cap,
+                                     self.backends["plain"].effective_cap, accept)
+
+    @property
+    def learned_crossover(self) -> int | None:
+        """The crossover the relayed streams (or the caps) imply, within the bounds (or None)."""
+        advice = self.advice
+        return None if advice is None else advice.crossover
+
+    @property
+    def plain_below(self) -> int:
+        """In flight below which plain is the faster server too (0: MTP at low load)."""
+        advice = self.advice
+        return 0 if advice is None else advice.plain_below
 
     @property
     def crossover(self) -> int:
@@ -266,7 +280,8 @@ class Pool:
         return Snapshot(pair.mode, pair.mode_since,
                         {role: self.view(b, now, exclude) for role, b in pair.backends.items()},
                         accept_length=pair.accept_length,
-                        learned_crossover=pair.learned_crossover)
+                        learned_crossover=pair.learned_crossover,
+                        plain_below=pair.plain_below)
 
     def pair_views(self, now: float, exclude: Collection[str] = ()) -> list[PairView]:
         views = []

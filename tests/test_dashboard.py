@@ -416,7 +416,8 @@ async def test_dashboard_shows_each_pair(tmp_path: Path) -> None:
             start_sim_pair(SimOptions(speed=1)) as pair_b:
         settings = build_settings({"monitor": {"interval_s": 0.05}, "pairs": [
             {"name": name, "mtp": {"url": sim.urls["mtp"]}, "plain": {"url": sim.urls["plain"]},
-             "routing": {"crossover": crossover, "hysteresis": 1, "min_dwell_s": 0}}
+             "routing": {"crossover": crossover, "hysteresis": 1, "min_dwell_s": 0,
+                         "adaptive_crossover": False}}  # the configured crossover decides
             for name, sim, crossover in (("a", pair_a, 4), ("b", pair_b, 12))]})
         app = create_app(settings, registry=CollectorRegistry())
         async with serve_app(app) as url, \

@@ -25,8 +25,11 @@ from tests.live import wait_until
 from tests.test_gateway_live import OpenStream, chat
 from tests.test_shutdown import ROOT, free_port, until_serving
 
-PAIR_ROUTING = {"a": {"crossover": 4, "hysteresis": 1, "min_dwell_s": 0},
-                "b": {"crossover": 12, "hysteresis": 1, "min_dwell_s": 0}}
+# The configured crossovers decide (the learned one would take each pair's from its caps).
+PAIR_ROUTING = {"a": {"crossover": 4, "hysteresis": 1, "min_dwell_s": 0,
+                      "adaptive_crossover": False},
+                "b": {"crossover": 12, "hysteresis": 1, "min_dwell_s": 0,
+                      "adaptive_crossover": False}}
 
 
 def fleet_config(pairs: dict[str, SimPair], port: int) -> dict[str, Any]:

@@ -130,7 +130,8 @@ async def test_stream_bytes_pass_through_untouched(sim, stock_uvicorn: bool) -> 
 
 @pytest.mark.timeout(60)
 async def test_routing_follows_concurrency_with_hysteresis(sim) -> None:
-    routing = {"crossover": 4, "hysteresis": 2, "min_dwell_s": 0, "adapt_to_accept_length": False}
+    routing = {"crossover": 4, "hysteresis": 2, "min_dwell_s": 0, "adapt_to_accept_length": False,
+               "adaptive_crossover": False}  # the configured crossover, as written
     async with live_gateway(sim, routing=routing) as gateway, httpx.AsyncClient() as client:
         url = gateway.url + "/v1/chat/completions"
 
@@ -158,7 +159,8 @@ async def test_routing_follows_concurrency_with_hysteresis(sim) -> None:
 @pytest.mark.timeout(60)
 async def test_capacity_guard_never_queues_behind_mtp_cap(sim) -> None:
     cap = sim.servers["mtp"].live.engine.profile.effective_max_running
-    guarded = {"crossover": 200, "hysteresis": 10, "capacity_guard": True}
+    guarded = {"crossover": 200, "hysteresis": 10, "capacity_guard": True,
+               "adaptive_crossover": False}  # MTP by the configured crossover up to its cap
     async with live_gateway(sim, routing=guarded) as gateway, \
             httpx.AsyncClient(limits=httpx.Limits(max_connections=100)) as client:
         assert gateway.pool.backends["mtp"].effective_cap == cap == 24
@@ -316,7 +318,8 @@ async def test_keepalive_comment_only_after_silence(sim) -> None:
 async def test_metrics_after_a_known_sequence(sim) -> None:
     # One probe round at start only, so the scraped backend figures cannot move under the test.
     async with live_gateway(sim, monitor={"interval_s": 60},
-                            routing={"adapt_to_accept_length": False}) as gateway, \
+                            routing={"adapt_to_accept_length": False,
+                                     "adaptive_crossover": False}) as gateway, \
             httpx.AsyncClient() as client:
         url = gateway.url + "/v1/chat/completions"
         for _ in range(3):

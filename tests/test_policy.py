@@ -20,12 +20,12 @@ ROUTING = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0, capacity_guard=Tr
 
 def snap(mode: str = "mtp", since: float = 0.0, mtp: int = 0, plain: int = 0, *,
          mtp_up: bool = True, plain_up: bool = True, cap: int | None = 24,
-         mtp_reported: int | None = None) -> Snapshot:
+         mtp_reported: int | None = None, plain_below: int = 0) -> Snapshot:
     return Snapshot(mode, since, {  # type: ignore[arg-type]
         "mtp": BackendView(healthy=mtp_up, inflight=mtp, effective_cap=cap,
                            reported_load=mtp_reported),
         "plain": BackendView(healthy=plain_up, inflight=plain),
-    })
+    }, plain_below=plain_below)
 
 
 CASES = [
@@ -42,6 +42,12 @@ CASES = [
      "mtp", "below_crossover", "mtp"),
     ("dwell not yet passed holds plain", snap("plain", 8, 0, 2), RequestFacts(), 10,
      "plain", "hysteresis_hold", "plain"),
+    ("plain faster alone: a quiet pair flips to plain", snap(mtp=0, plain_below=1),
+     RequestFacts(), 10, "plain", "plain_at_low_load", "plain"),
+    ("plain at low load holds just above where it is faster", snap("plain", 0, 0, 2, plain_below=1),
+     RequestFacts(), 10, "plain", "hysteresis_hold", "plain"),
+    ("clear of the low-load band returns to mtp", snap("plain", 0, 0, 3, plain_below=1),
+     RequestFacts(), 10, "mtp", "below_crossover", "mtp"),
     ("session affinity decides inside the band", snap("plain", 0, 0, 20),
      RequestFacts(session_backend="mtp"), 10, "mtp", "session_affinity", "plain"),
     ("affinity does not apply below the band", snap("mtp", 0, 5, 0),
