@@ -154,7 +154,9 @@ class Exchange:
     # While a stream waits for its first event (movable at a flip, see ProxyEndpoint.move):
     opening: asyncio.Future[tuple[UpstreamResponse, bytes]] | None = None
     moved: asyncio.Future[None] | None = None  # resolved by a planned move
-    head_read: bool = False  # this attempt took bytes from the backend: it is not movable
+    # Of the backend's bytes this attempt took, some end inside an event (the answer may have
+    # begun): not movable. Whole lead-in events (Responses' response.created) say nothing yet.
+    mid_event: bool = False
 
 
 class ProxyEndpoint:
@@ -348,7 +350,7 @@ class ProxyEndpoint:
         the wait for the first event races: the relay of the chunks after it is untouched."""
         opening = exchange.opening = asyncio.ensure_future(self._open(exchange, settings))
         moved = exchange.moved = asyncio.get_running_loop().create_future()
-        exchange.head_read = False
+        exchange.mid_event = False
         unstarted = self.unstarted.setdefault(exchange.lease.backend, {})
         unstarted[exchange] = None
         keepalive_s = settings.timeouts.keepalive_s or None
@@ -429,7 +431,6 @@ class ProxyEndpoint:
             chunk = await response.next_chunk()
             if not chunk:
                 raise UpstreamBroken(f"backend '{backend}' ended the stream before its first event")
-            exchange.head_read = True
             exchange.watchdog.got_bytes()
             head += framer.feed(chunk)
             for event in split_events(head):
@@ -440,6 +441,7 @@ class ProxyEndpoint:
                     status, detail = refusal
                     raise UpstreamRefused(status, backend, detail, response, head)
                 return head
+            exchange.mid_event = framer.holding  # only lead-ins so far: still movable, if whole
 
     async def _pump_stream(self, exchange: Exchange, response: UpstreamResponse,
                            writer: ClientWriter) -> None:
@@ -667,11 +669,12 @@ class ProxyEndpoint:
 
 
 def _movable(exchange: Exchange, source: BackendState, target: BackendState) -> bool:
-    """A stream still waiting on `source` for its first event, of which no byte has come (none
-    taken, none waiting to be read), and that `target` has not failed already."""
+    """A stream still waiting on `source` for its first event that says anything: no byte of
+    one has come (taken, or waiting to be read; whole lead-in events only), and `target` has
+    not failed it already."""
     opening, moved, upstream = exchange.opening, exchange.moved, exchange.upstream
     return (opening is not None and not opening.done() and moved is not None
-            and not moved.done() and not exchange.head_read
+            and not moved.done() and not exchange.mid_event
             and (upstream is None or not upstream.unread)
             and exchange.lease.backend is source
             and all(attempt.backend is not target for attempt in exchange.lease.attempts))

@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -88,12 +88,14 @@ class Burst:
         self.gateway, self.pair, self.client = gateway, pair, client
         self.mtp = pair.servers["mtp"].live.engine
 
-    async def start(self, before_flip: Callable[[], Awaitable[None]] | None = None) -> None:
+    async def start(self, before_flip: Callable[[], Awaitable[None]] | None = None,
+                    queued: Sequence[Callable[[], Awaitable[Any]]] = ()) -> None:
+        """`queued`: the three streams that queue (default: chat streams by the SDK)."""
         pool = self.gateway.pool
         self.running = [await _open_stream(self.client, 100_000) for _ in range(MTP_CAP)]
         self.firsts = [await anext(aiter(stream)) for _, stream in self.running]
-        self.queued = [asyncio.create_task(_whole_stream(self.client, 40))
-                       for _ in range(QUEUED_STREAMS)]
+        queued = queued or [lambda: _whole_stream(self.client, 40)] * QUEUED_STREAMS
+        self.queued = [asyncio.create_task(send()) for send in queued]
         self.whole = asyncio.create_task(_whole_answer(self.client, 40))
         queued = QUEUED_STREAMS + 1
         await wait_until(lambda: self.mtp.num_waiting == queued, timeout=20)
@@ -241,3 +243,40 @@ async def test_a_burst_arriving_at_once_reaches_each_server_once_per_request() -
             await client.close()
     on_plain = [rid for name, rid in seen if name == "plain"]
     assert len(on_plain) == len(set(on_plain)) == 12
+
+
+async def _raw_stream(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with http.stream("POST", url, json=body) as response:
+        raw = await response.aread()
+    return {"status": response.status_code, "backend": response.headers["x-gateway-backend"],
+            "reason": response.headers["x-gateway-route-reason"], "body": raw}
+
+
+@pytest.mark.timeout(90)
+async def test_responses_and_messages_streams_move_too(small_mtp) -> None:
+    """SGLang's Responses stream sends response.created and response.in_progress before any
+    output (serving_responses.py:2144-2145): events that say nothing of the answer, which the
+    relay holds until the first one that does. A stream that had only those is still movable;
+    the client gets plain's stream alone, lead-in included."""
+    async with live_gateway(small_mtp, routing=ROUTING) as gateway, \
+            httpx.AsyncClient(timeout=60) as http:
+        client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+        responses = {"model": MODEL, "input": "hello", "max_output_tokens": 40, "stream": True}
+        messages = {"model": MODEL, "messages": _messages("hello"), "max_tokens": 40,
+                    "stream": True}
+        burst = Burst(gateway, small_mtp, client)
+        await burst.start(queued=[
+            lambda: _raw_stream(http, gateway.url + "/v1/responses", responses),
+            lambda: _raw_stream(http, gateway.url + "/v1/messages", messages),
+            lambda: _whole_stream(client, 40)])
+        moved = await asyncio.wait_for(asyncio.gather(*burst.queued), timeout=30)
+        assert [(m["backend"], m["reason"]) for m in moved] == [("plain", "moved")] * 3
+        responses_body, messages_body = moved[0]["body"], moved[1]["body"]
+        assert responses_body.count(b"event: response.created") == 1
+        # At max_output_tokens the Responses stream ends "incomplete", as SGLang's does.
+        assert b"event: response.incomplete" in responses_body
+        assert b'"output_tokens":40' in responses_body
+        assert messages_body.count(b"event: message_start") == 1
+        assert b"event: message_stop" in messages_body and b'"output_tokens":40' in messages_body
+        await burst.finish()
+        await client.close()
