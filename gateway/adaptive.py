@@ -21,7 +21,7 @@ many streams running, and never if its cap is lower. Per load the learned estima
 prior only where one server is measured clearly faster (`LEARNED_MARGIN`): within that margin
 the samples cannot settle it, and a decision that followed their noise would flip the mode with
 it. The answer is which server is faster at each load: plain from the crossover up, and at low
-load too when MTP's drafts are accepted too rarely to pay for its dearer step (`Advice`).
+load too where plain was measured clearly faster alone (`Advice`).
 """
 
 from __future__ import annotations
@@ -45,11 +45,9 @@ SETTLE_S = 10.0
 # Streams shorter than this (tokens) say more about prefill than about decode speed.
 MIN_TOKENS = 16
 # MTP's decode step over plain's at the same batch, from the simulator's step tables fitted to
-# the seed (gateway/sim/profiles/default.yaml): at MTP's running cap of 24, 29.85 ms against
-# 18.5 ms (MTP's from the seed's 24-running row); alone, 16.46 ms against 9.26 ms (the seed's
-# C=1 row: plain 108 tok/s, MTP 121.5 at accept length 2.0, so 2 x 108 / 121.5).
+# the seed (gateway/sim/profiles/default.yaml): at MTP's running cap of 24, 29.85 ms (the
+# seed's 24-running row) against plain's 18.5 ms.
 MTP_STEP_COST_AT_CAP = 29.85 / 18.5  # 1.61
-MTP_STEP_COST_ALONE = 16.46 / 9.26  # 1.78
 # The learned estimate overrides the prior at a load only where one server's aggregate is
 # measured this much above the other's. A stream's decode speed leaves out queueing and
 # prefill: chat on the pair's memory read plain 1,142 tok/s at 28 running against MTP's 1,121
@@ -109,17 +107,21 @@ class Advice:
 def prior_faster(load: int, mtp_cap: int | None, plain_cap: int | None,
                  accept_length: float | None) -> Server | None:
     """The faster server at `load` by the running caps and MTP's accept length alone (None when
-    one is unknown). MTP makes `accept_length` tokens per step at `MTP_STEP_COST_*` times
+    one is unknown). MTP makes `accept_length` tokens per step at MTP_STEP_COST_AT_CAP times
     plain's step cost: at its cap, as much as plain does with `mtp_cap x accept /
     MTP_STEP_COST_AT_CAP` streams (plain's step taken as at MTP's cap: it grows a little with
-    the batch, so the real crossover is a load or two higher); alone, plain is faster when the
-    accept length is below MTP_STEP_COST_ALONE."""
+    the batch, so the real crossover is a load or two higher).
+
+    Below that, MTP. Alone plain is faster when the accept length is below 1.78 (MTP's step
+    16.46 ms against 9.26, the seed's C=1 row; chat's 1.7: 106 against 101 tok/s), but the
+    prior does not say so:
+    the first request of a burst from idle would go to plain and share the GPU with MTP's batch
+    behind it (chat makespan C=4..24, carried: 0.88-0.95 of the pair's better server against
+    0.98-1.00; docs/bench/routing-pair.md). Only streams measured alone send low load there."""
     if mtp_cap is None or plain_cap is None or not accept_length:
         return None
     overtakes_at = mtp_cap * accept_length / MTP_STEP_COST_AT_CAP
     if overtakes_at <= plain_cap and load >= overtakes_at:
-        return "plain"
-    if load == 1 and accept_length < MTP_STEP_COST_ALONE:
         return "plain"
     return "mtp"
 

@@ -9,9 +9,11 @@ The `crossover` policy keeps a mode in {mtp, plain}:
 - plain -> mtp only when concurrency has fallen to `crossover - hysteresis` and the plain
   mode has lasted `min_dwell_s`, so a busy boundary does not flap;
 - inside the band (crossover - hysteresis, crossover) a session stays where its prefix is cached;
-- plain at low load too, while concurrency is below `plain_below` (the learned estimate finds
-  plain faster there: MTP's drafts accepted too rarely to pay for its dearer step), left for
-  MTP only `LOW_LOAD_BAND` above it, so a load at the boundary does not flap;
+- in mtp mode, a request goes to plain at low load too: while concurrency is below
+  `plain_below` (the learned estimate finds plain faster there: MTP's drafts accepted too
+  rarely to pay for its dearer step), and `LOW_LOAD_BAND` above it while plain is the only
+  server busy, so a load at the boundary stays where it runs. No mode change: a burst from
+  idle sends its first request or two to plain and the rest by the mode;
 - the capacity guard sends a request to plain rather than queue it behind MTP's running cap;
 - an unhealthy backend is skipped; with none healthy there is no backend (503).
 """
@@ -38,8 +40,8 @@ Reason = Literal[
     "no_backend",
 ]
 REASONS: tuple[Reason, ...] = Reason.__args__  # type: ignore[attr-defined]
-# Plain at low load is left for MTP once concurrency is this far above where plain is faster.
-LOW_LOAD_BAND = 2
+# Above where plain is faster alone, it keeps this many more requests while MTP is idle.
+LOW_LOAD_BAND = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +123,9 @@ def next_mode(snapshot: Snapshot, routing: Routing, now: float) -> tuple[Mode, f
     """Apply the hysteresis rule to the current concurrency."""
     level = snapshot.concurrency
     crossover = effective_crossover(routing, snapshot.accept_length, snapshot.learned_crossover)
-    if snapshot.mode == "mtp" and (level >= crossover or level < snapshot.plain_below):
+    if snapshot.mode == "mtp" and level >= crossover:
         return "plain", now
-    clear_of_low_load = not snapshot.plain_below or level >= snapshot.plain_below + LOW_LOAD_BAND
-    if snapshot.mode == "plain" and level <= crossover - routing.hysteresis and clear_of_low_load:
+    if snapshot.mode == "plain" and level <= crossover - routing.hysteresis:
         if now - snapshot.mode_since >= routing.min_dwell_s:
             return "mtp", now
     return snapshot.mode, snapshot.mode_since
@@ -139,12 +140,20 @@ def _crossover_choice(
     if in_band and routing.session_affinity and facts.session_backend is not None:
         return facts.session_backend, "session_affinity"
     if mode == "mtp":
+        if _plain_at_low_load(snapshot, level):
+            return "plain", "plain_at_low_load"
         return "mtp", "below_crossover"
     if level >= crossover:
         return "plain", "above_crossover"
-    if level < snapshot.plain_below:
-        return "plain", "plain_at_low_load"
     return "plain", "hysteresis_hold"
+
+
+def _plain_at_low_load(snapshot: Snapshot, level: int) -> bool:
+    below = snapshot.plain_below
+    if not below:
+        return False
+    only_plain_busy = snapshot.backends["mtp"].load == 0 and snapshot.backends["plain"].load > 0
+    return level < below or (level < below + LOW_LOAD_BAND and only_plain_busy)
 
 
 def _over_capacity(view: BackendView) -> bool:

@@ -341,10 +341,8 @@ async def test_both_backends_refusing_gives_a_clean_openai_shaped_502(sim) -> No
 async def test_backend_crash_and_restart_down_after_fall_up_after_rise(sim) -> None:
     """Probes are driven by hand (the monitor's own interval is 60 s) so every count is exact."""
     monitor = {"interval_s": 60, "fall": 2, "rise": 3}
-    # The configured crossover: MTP while quiet (the learned one sends a quiet pair to plain
-    # when MTP's accept length, 1.7 here, does not pay for its step alone).
-    async with live_gateway(sim, monitor=monitor, routing={"adaptive_crossover": False}) \
-            as gateway, httpx.AsyncClient(timeout=10) as client:
+    async with live_gateway(sim, monitor=monitor) as gateway, \
+            httpx.AsyncClient(timeout=10) as client:
         health, probe = gateway.pool.backends["mtp"], gateway.runtime.monitor.probe_all
         streams = [await OpenStream(client, gateway.url + URL, chat(**LONG)).open() for _ in range(3)]
         assert {s.backend for s in streams} == {"mtp"}

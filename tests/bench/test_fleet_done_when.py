@@ -66,9 +66,7 @@ def test_both_pairs_serve_and_each_switches_to_plain_under_load(workload):
         pairs = {name.split("/")[0] for name in level.share}
         if level.concurrency >= 8:
             assert pairs == {"p0", "p1"}, level.share
-        alone_on_chat = workload == "chat" and level.concurrency == 1  # plain is faster there:
-        # MTP's accept length 1.7 does not pay for its step at 1.78x plain's (gateway.adaptive)
-        if level.concurrency <= 16 and not alone_on_chat:  # 8 per pair at most: MTP on both
+        if level.concurrency <= 16:  # 8 per pair at most: MTP on both
             assert all(name.endswith("/mtp") for name in level.share), level.share
         if level.concurrency >= 128:  # 64 per pair: plain on both
             assert level.share.get("p0/plain", 0) + level.share.get("p1/plain", 0) >= 0.99
