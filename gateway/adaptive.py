@@ -15,9 +15,9 @@ plain's aggregate reaches MTP's.
 
 Before there are samples, a prior from what the monitor knows (each server's running cap from
 /server_info, MTP's accept length) says where plain can overtake MTP at all: MTP's step costs a
-measured factor more than plain's at the same batch, so at its cap it makes
+measured factor more than plain's at the same batch (`MTP_STEP_COST`), so at its cap it makes
 ``mtp_cap x accept / factor`` plain-steps' worth of tokens, which plain reaches only with that
-many streams running, and never if its cap is lower. Per load the learned estimate overrides the
+many streams running, and never if its cap is lower (`prior_faster`). Per load the learned estimate overrides the
 prior only where one server is measured clearly faster (`LEARNED_MARGIN`): within that margin
 the samples cannot settle it, and a decision that followed their noise would flip the mode with
 it. The answer is which server is faster at each load: plain from the crossover up, and at low
@@ -44,10 +44,13 @@ MIN_SAMPLES = 3
 SETTLE_S = 10.0
 # Streams shorter than this (tokens) say more about prefill than about decode speed.
 MIN_TOKENS = 16
-# MTP's decode step over plain's at the same batch, from the simulator's step tables fitted to
-# the seed (gateway/sim/profiles/default.yaml): at MTP's running cap of 24, 29.85 ms (the
-# seed's 24-running row) against plain's 18.5 ms.
-MTP_STEP_COST_AT_CAP = 29.85 / 18.5  # 1.61
+# MTP's decode step over plain's at the same batch (one draft step: MTP verifies two tokens a
+# request, so the ratio grows with the batch), from the simulator's step tables fitted to the
+# seed (gateway/sim/profiles/default.yaml; MTP's points over plain's at the same batch):
+# 16.46 / 9.26 ms alone (the seed's C=1 row), 24.0 / 17.0 at 16, 29.85 / 18.5 at 24 (MTP's
+# cap, the seed's 24-running row), 45.0 / 21.5 at 48.
+MTP_STEP_COST = ((1, 16.46 / 9.26), (8, 20.5 / 13.5), (16, 24.0 / 17.0), (24, 29.85 / 18.5),
+                 (48, 45.0 / 21.5))  # 1.78, 1.52, 1.41, 1.61, 2.09
 # The learned estimate overrides the prior at a load only where one server's aggregate is
 # measured this much above the other's. A stream's decode speed leaves out queueing and
 # prefill: chat on the pair's memory read plain 1,142 tok/s at 28 running against MTP's 1,121
@@ -104,24 +107,39 @@ class Advice:
     plain_below: int = 0  # ... and while in flight is below this (plain faster at low load)
 
 
+def mtp_step_cost(batch: int) -> float:
+    """MTP's step over plain's at `batch` running (linear between MTP_STEP_COST's points,
+    flat beyond them)."""
+    points = MTP_STEP_COST
+    if batch <= points[0][0]:
+        return points[0][1]
+    for (b0, r0), (b1, r1) in zip(points, points[1:], strict=False):
+        if batch <= b1:
+            return r0 + (r1 - r0) * (batch - b0) / (b1 - b0)
+    return points[-1][1]
+
+
 def prior_faster(load: int, mtp_cap: int | None, plain_cap: int | None,
                  accept_length: float | None) -> Server | None:
     """The faster server at `load` by the running caps and MTP's accept length alone (None when
-    one is unknown). MTP makes `accept_length` tokens per step at MTP_STEP_COST_AT_CAP times
-    plain's step cost: at its cap, as much as plain does with `mtp_cap x accept /
-    MTP_STEP_COST_AT_CAP` streams (plain's step taken as at MTP's cap: it grows a little with
-    the batch, so the real crossover is a load or two higher).
+    one is unknown). At `load`, MTP runs k = min(load, mtp_cap) streams making `accept_length`
+    tokens a step at `mtp_step_cost(k)` times plain's step; plain runs q = min(load,
+    plain_cap) making one. Plain's step is taken as the same at q as at k (it grows a little
+    with the batch, so the real crossover is a load or two higher): plain is faster when
+    q x mtp_step_cost(k) >= k x accept_length. Below MTP's cap that is where its dearer step
+    outweighs its accepted drafts; above it, plain's extra streams make up the rest, and never
+    if plain's cap is too low.
 
-    Below that, MTP. Alone plain is faster when the accept length is below 1.78 (MTP's step
-    16.46 ms against 9.26, the seed's C=1 row; chat's 1.7: 106 against 101 tok/s), but the
-    prior does not say so:
-    the first request of a burst from idle would go to plain and share the GPU with MTP's batch
-    behind it (chat makespan C=4..24, carried: 0.88-0.95 of the pair's better server against
-    0.98-1.00; docs/bench/routing-pair.md). Only streams measured alone send low load there."""
+    The crossover is looked for from `crossover_bounds`' low end up. Alone plain is faster too
+    when the accept length is below 1.78 (chat's 1.7: 106 against 101 tok/s), but that is not
+    used: the first request of a burst from idle would go to plain and share the GPU with MTP's
+    batch behind it (chat makespan C=4..24, carried: 0.88-0.95 of the pair's better server
+    against 0.98-1.00; docs/bench/routing-pair.md). Only streams measured alone send low load
+    there."""
     if mtp_cap is None or plain_cap is None or not accept_length:
         return None
-    overtakes_at = mtp_cap * accept_length / MTP_STEP_COST_AT_CAP
-    if overtakes_at <= plain_cap and load >= overtakes_at:
+    mtp_running, plain_running = min(load, mtp_cap), min(load, plain_cap)
+    if plain_running * mtp_step_cost(mtp_running) >= mtp_running * accept_length:
         return "plain"
     return "mtp"
 
@@ -171,8 +189,9 @@ class CrossoverEstimator:
             learned = self.learned_faster(load, mtp_cap, plain_cap)
             return learned or prior_faster(load, mtp_cap, plain_cap, accept)
 
-        plain_up_to = 0  # a load: streams with the new one
-        while plain_up_to + 1 < low and faster(plain_up_to + 1) == "plain":
+        plain_up_to = 0  # a load (streams with the new one): measured only, see prior_faster
+        while (plain_up_to + 1 < low
+               and self.learned_faster(plain_up_to + 1, mtp_cap, plain_cap) == "plain"):
             plain_up_to += 1
         both_full = None if mtp_cap is None or plain_cap is None else max(mtp_cap, plain_cap)
         for in_flight in range(low, high + 1):

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.adaptive import Advice, CrossoverEstimator, ThroughputCurve, prior_faster
+from gateway.adaptive import (
+    Advice,
+    CrossoverEstimator,
+    ThroughputCurve,
+    mtp_step_cost,
+    prior_faster,
+)
 from gateway.config import Routing
 from gateway.policy import effective_crossover
 from gateway.pool import Ask, Lease, Outcome, Pool
@@ -74,18 +80,24 @@ def test_mtp_ahead_over_the_whole_range_gives_the_upper_bound() -> None:
 
 
 def test_the_prior_needs_no_sample_caps_and_accept_length_say_where_plain_can_overtake() -> None:
-    """MTP at its cap makes mtp_cap x accept / 1.61 (its step against plain's at 24 running,
-    the seed's step tables) plain-streams' worth: plain needs that many running, so with the
-    pair's 28 slots it never overtakes the seed (24 x 2 / 1.61 = 29.7), with the seed's 68
-    it does from the 30th stream (in flight 29; the configured crossover, fitted to the seed, is
-    31), and chat's accept length 1.7 brings it down to the 26th (25.3). Low load stays on MTP
-    until plain is measured faster there (a burst from idle would split)."""
+    """MTP's step costs 1.61x plain's at 24 running and 2.09x at 48 (the seed's step tables).
+    With MTP's cap of 24 it makes 24 x accept / 1.61 plain-streams' worth: with the pair's 28
+    slots plain never overtakes the seed (29.7 > 28), with the seed's 68 it does from the 30th
+    stream (in flight 29; the configured crossover, fitted to the seed, is 31), and chat's
+    accept length 1.7 brings it down to the 26th (25.3). With MTP's cap of 48 (4x H200) plain
+    overtakes below it, where MTP's step outweighs its drafts: 1.7 from the 29th stream (the
+    step ratio 1.70 there), 2.0 from the 44th. Low load stays on MTP until plain is measured
+    faster there (alone the step ratio is 1.78 > 1.7: a burst from idle would split)."""
     cold = CrossoverEstimator()
     assert cold.advise(16, 256, 24, 28, 2.0) == Advice(256, 0)
     assert cold.advise(16, 256, 24, 68, 2.0) == Advice(29, 0)
     assert cold.advise(16, 256, 24, 28, 1.7) == Advice(25, 0)
+    assert cold.advise(16, 256, 48, 100, 1.7) == Advice(28, 0)
+    assert cold.advise(16, 256, 48, 100, 2.0) == Advice(43, 0)
     assert cold.advise(16, 256, 24, None, 2.0) == Advice(None, 0)  # a cap unknown: no prior
-    assert [prior_faster(n, 24, 28, 1.7) for n in (1, 25, 26, 28)] == ["mtp", "mtp", "plain", "plain"]
+    assert [prior_faster(n, 24, 28, 1.7) for n in (24, 25, 26, 28)] == ["mtp", "mtp", "plain", "plain"]
+    assert mtp_step_cost(1) == pytest.approx(1.78, abs=0.005)
+    assert mtp_step_cost(36) == pytest.approx((1.614 + 2.093) / 2, abs=0.005)
 
 
 def test_samples_override_the_prior_only_where_one_server_is_clearly_faster() -> None:
