@@ -4,12 +4,15 @@
 and the routing mode after the decision. The caller (pool.Pool) owns the state and applies
 the returned mode; tests drive this function with plain values.
 
-The `crossover` policy keeps a mode in {mtp, plain}:
-- mtp -> plain as soon as live concurrency reaches `crossover` (throughput must not wait);
-- plain -> mtp only when concurrency has fallen to `crossover - hysteresis` and the plain
+The `crossover` policy keeps a mode in {mtp, plain}, following the load (`load_signal`: the
+requests in flight, or the sessions at work against `session_crossover`,
+`Snapshot.against_crossover`):
+- mtp -> plain as soon as the load reaches `crossover` (throughput must not wait);
+- plain -> mtp only when the load has fallen to `crossover - hysteresis` and the plain
   mode has lasted `min_dwell_s`, so a busy boundary does not flap;
-- inside the band (crossover - hysteresis, crossover) a session stays where its prefix is cached;
-- in mtp mode, a request goes to plain at low load too: while concurrency is below
+- inside the band (crossover - hysteresis, crossover) a session stays where its prefix is
+  cached (`session_affinity`), and outside it as `session_placement` says (gateway.placement);
+- in mtp mode, a request goes to plain at low load too: while the load is below
   `plain_below` (the learned estimate finds plain faster there: MTP's drafts accepted too
   rarely to pay for its dearer step), and `LOW_LOAD_BAND` above it while plain is the only
   server busy, so a load at the boundary stays where it runs. No mode change: a burst from
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.config import Role, Routing
+from gateway.placement import move_pays
 
 Mode = Literal["mtp", "plain"]
 Reason = Literal[
@@ -69,16 +73,34 @@ class Snapshot:
     accept_length: float | None = None  # MTP's speculative accept length, when known
     learned_crossover: int | None = None  # from the relayed streams (gateway.adaptive)
     plain_below: int = 0  # plain is faster below this concurrency too (gateway.adaptive)
+    # The `sessions` load signal (gateway.pool.SessionActivity): sessions with a request in
+    # flight or idle at most routing.session_idle_s, and the requests in flight that have one.
+    sessions_at_work: int | None = None
+    session_requests: int = 0
 
     @property
     def concurrency(self) -> int:
         return sum(view.load for view in self.backends.values())
+
+    def against_crossover(self, routing: Routing, crossover: int) -> tuple[float, float, float]:
+        """The load the mode follows, the crossover and the hysteresis, in one unit: requests
+        in flight, or (`load_signal: sessions`, while sessions are at work) sessions, against
+        `session_crossover` and a band of `hysteresis` sessions, each request without a
+        session counting as the share of one that makes `crossover` of them reach it. A
+        burst of sub-agent requests is one session and a session between two turns still
+        counts: the signal stays put while the requests in flight jump with each burst."""
+        if routing.load_signal != "sessions" or not self.sessions_at_work:
+            return self.concurrency, crossover, routing.hysteresis
+        without = max(0, self.concurrency - self.session_requests)
+        level = self.sessions_at_work + without * routing.session_crossover / crossover
+        return level, routing.session_crossover, routing.hysteresis
 
 
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
     session_backend: Role | None = None  # where this session's last turn ran
     pin: Role | None = None  # client pin, already checked against allow_pin_header
+    prompt_tokens: int = 0  # estimated from the body's size (placement.prompt_tokens_from_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,12 +142,12 @@ def effective_crossover(routing: Routing, accept_length: float | None,
 
 
 def next_mode(snapshot: Snapshot, routing: Routing, now: float) -> tuple[Mode, float]:
-    """Apply the hysteresis rule to the current concurrency."""
-    level = snapshot.concurrency
+    """Apply the hysteresis rule to the current load."""
     crossover = effective_crossover(routing, snapshot.accept_length, snapshot.learned_crossover)
-    if snapshot.mode == "mtp" and level >= crossover:
+    level, top, band = snapshot.against_crossover(routing, crossover)
+    if snapshot.mode == "mtp" and level >= top:
         return "plain", now
-    if snapshot.mode == "plain" and level <= crossover - routing.hysteresis:
+    if snapshot.mode == "plain" and level <= top - band:
         if now - snapshot.mode_since >= routing.min_dwell_s:
             return "mtp", now
     return snapshot.mode, snapshot.mode_since
@@ -134,21 +156,36 @@ def next_mode(snapshot: Snapshot, routing: Routing, now: float) -> tuple[Mode, f
 def _crossover_choice(
     snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode
 ) -> tuple[Role, Reason]:
-    level = snapshot.concurrency
+    backend, reason = _mode_choice(snapshot, facts, routing, mode)
+    held = facts.session_backend
+    if held is None or held == backend or routing.session_placement == "request":
+        return backend, reason
+    views = snapshot.backends
+    if routing.session_placement == "sticky" or not move_pays(
+            facts.prompt_tokens, views[held], views[backend],
+            prefill_tokens_per_s=routing.prefill_tokens_per_s, stream_s=routing.session_stream_s):
+        return held, "session_affinity"
+    return backend, reason
+
+
+def _mode_choice(
+    snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode
+) -> tuple[Role, Reason]:
     crossover = effective_crossover(routing, snapshot.accept_length, snapshot.learned_crossover)
-    in_band = crossover - routing.hysteresis < level < crossover
+    level, top, band = snapshot.against_crossover(routing, crossover)
+    in_band = top - band < level < top
     if in_band and routing.session_affinity and facts.session_backend is not None:
         return facts.session_backend, "session_affinity"
     if mode == "mtp":
         if _plain_at_low_load(snapshot, level):
             return "plain", "plain_at_low_load"
         return "mtp", "below_crossover"
-    if level >= crossover:
+    if level >= top:
         return "plain", "above_crossover"
     return "plain", "hysteresis_hold"
 
 
-def _plain_at_low_load(snapshot: Snapshot, level: int) -> bool:
+def _plain_at_low_load(snapshot: Snapshot, level: float) -> bool:
     below = snapshot.plain_below
     if not below:
         return False

@@ -105,6 +105,7 @@ class PairState:
     changed_at: float = float("-inf")  # when the mode last changed (never, at start)
     moved: int = 0  # requests moved off its MTP server at flips (Lease.move_to), ever
     estimator: CrossoverEstimator = field(default_factory=CrossoverEstimator)
+    sessions: SessionActivity = field(default_factory=lambda: SessionActivity())
 
     @property
     def accept_length(self) -> float | None:
@@ -161,6 +162,44 @@ class PairState:
         }
 
 
+class SessionActivity:
+    """One pair's sessions at work: requests in flight per session, and when each idle
+    session's last request ended (oldest first), for the `sessions` load signal."""
+
+    def __init__(self) -> None:
+        self.in_flight: dict[str, int] = {}
+        self.idle_since: OrderedDict[str, float] = OrderedDict()
+        self.requests = 0  # requests in flight that name a session
+
+    def begin(self, session: str | None) -> None:
+        if session is None:
+            return
+        self.idle_since.pop(session, None)
+        self.in_flight[session] = self.in_flight.get(session, 0) + 1
+        self.requests += 1
+
+    def end(self, session: str | None, now: float, idle_s: float) -> None:
+        if session is None or session not in self.in_flight:
+            return
+        self.requests -= 1
+        left = self.in_flight[session] - 1
+        if left > 0:
+            self.in_flight[session] = left
+            return
+        del self.in_flight[session]
+        self.idle_since[session] = now
+        self._forget_idle(now, idle_s)
+
+    def at_work(self, now: float, idle_s: float) -> int:
+        """Sessions with a request in flight or idle at most `idle_s`."""
+        self._forget_idle(now, idle_s)
+        return len(self.in_flight) + len(self.idle_since)
+
+    def _forget_idle(self, now: float, idle_s: float) -> None:
+        while self.idle_since and now - next(iter(self.idle_since.values())) > idle_s:
+            self.idle_since.popitem(last=False)
+
+
 class SessionMap:
     """Key (a session, a stored response) -> name of the backend that holds its state, least
     recently used forgotten first."""
@@ -194,6 +233,7 @@ class Ask:
     session: str | None = None
     pin: Role | None = None  # client pin, already checked against allow_pin_header
     holder: str | None = None  # the backend that must serve it (it stores what it refers to)
+    prompt_tokens: int = 0  # estimated from the body's size (placement.prompt_tokens_from_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,11 +317,14 @@ class Pool:
         )
 
     def snapshot(self, pair: PairState, now: float, exclude: Collection[str] = ()) -> Snapshot:
+        at_work = (pair.sessions.at_work(now, pair.routing.session_idle_s)
+                   if pair.routing.load_signal == "sessions" else None)
         return Snapshot(pair.mode, pair.mode_since,
                         {role: self.view(b, now, exclude) for role, b in pair.backends.items()},
                         accept_length=pair.accept_length,
                         learned_crossover=pair.learned_crossover,
-                        plain_below=pair.plain_below)
+                        plain_below=pair.plain_below,
+                        sessions_at_work=at_work, session_requests=pair.sessions.requests)
 
     def pair_views(self, now: float, exclude: Collection[str] = ()) -> list[PairView]:
         views = []
@@ -310,7 +353,8 @@ class Pool:
         pair = self.pairs[choice.pair]
         role = session_backend.role if session_backend is not None and session_pair == pair.name \
             else None
-        return self._place_in(pair, choice, RequestFacts(role, ask.pin), now, exclude)
+        return self._place_in(pair, choice, RequestFacts(role, ask.pin, ask.prompt_tokens), now,
+                              exclude)
 
     def _place_in(self, pair: PairState, choice: PairChoice, facts: RequestFacts, now: float,
                   exclude: Collection[str]) -> Placement:
@@ -329,6 +373,7 @@ class Pool:
         if placement.backend is None:
             return placement
         trial = placement.backend.admit(now)
+        self.pairs[placement.backend.pair].sessions.begin(ask.session)
         return Lease(self, ask, placement, [Attempt(placement.backend, trial)])
 
     def take_moves(self, now: float) -> dict[str, Moves]:
@@ -423,6 +468,8 @@ class Lease:
         if outcome is Outcome.BACKEND_FAILURE:
             last.failure = failure or Failure("unknown")
         last.backend.leave(now, started=self.started, finished=True)
+        pair = self.pool.pairs[self.attempts[0].backend.pair]
+        pair.sessions.end(self.ask.session, now, pair.routing.session_idle_s)
         for attempt in self.attempts:
             if attempt.trial:
                 attempt.backend.end_trial()

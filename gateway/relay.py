@@ -51,6 +51,7 @@ from gateway.inbound import (
     upstream_headers,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.placement import prompt_tokens_from_bytes
 from gateway.pool import Ask, Failure, Lease, Outcome, Pool, SessionMap, Verdict
 from gateway.sse import EventFramer, split_events
 from gateway.streams import ending, ends_in_error, event_error, leads_in
@@ -196,7 +197,8 @@ class ProxyEndpoint:
             if self.pool.concurrency >= settings.limits.max_inflight:
                 raise Overloaded("the gateway is at its in-flight limit; retry shortly",
                                  headers={"retry-after": "1"})
-            ask = Ask(inbound.session, inbound.pin, self.stored.get(inbound.previous_response_id))
+            ask = Ask(inbound.session, inbound.pin, self.stored.get(inbound.previous_response_id),
+                      prompt_tokens_from_bytes(len(body)))
             admitted = self.pool.admit(ask, started)
             if not isinstance(admitted, Lease):
                 raise NoBackend("no healthy backend: all are down or their circuits are open",

@@ -15,7 +15,8 @@ from gateway.policy import (
     plan_moves,
 )
 
-ROUTING = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0, capacity_guard=True)
+ROUTING = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0, capacity_guard=True,
+                  session_affinity=True)
 
 
 def snap(mode: str = "mtp", since: float = 0.0, mtp: int = 0, plain: int = 0, *,

@@ -11,7 +11,7 @@ from gateway.config import Backend, Routing
 from gateway.pairs import PairChoice, PairView, choose_pair
 from gateway.pool import Ask, Failure, Lease, Outcome, PairSpec, Pool, blame
 
-ROUTING = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0)
+ROUTING = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0, load_signal="requests")
 FIVE_XX = Failure("status_5xx", answered=True)
 CONNECT = Failure("connect")
 

@@ -111,7 +111,7 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
         record = RequestRecord(start=sim.now)
         records.append(record)
         monitor()
-        admitted = pool.admit(Ask(session=job.session), sim.now)
+        admitted = pool.admit(Ask(session=job.session, prompt_tokens=len(job.prompt_ids)), sim.now)
         if not isinstance(admitted, Lease):
             record.error, record.end = "no_backend", sim.now
             done(Outcome(0, error="no_backend"))

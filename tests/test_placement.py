@@ -1,0 +1,177 @@
+"""Agentic sessions (issue 12): where a session's next turn goes, and the `sessions` load signal.
+
+Plain values in, decisions out (gateway/placement.py, gateway/policy.py), and the pool's count
+of the sessions at work (gateway/pool.py). Figures: docs/bench/routing-sessions.md.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import Backend, Routing
+from gateway.placement import move_pays, prompt_tokens_from_bytes, queue_wait_s
+from gateway.policy import BackendView, RequestFacts, Snapshot, decide
+from gateway.pool import Ask, Lease, Outcome, PairSpec, Pool
+
+FAST = {"prefill_tokens_per_s": 16000.0, "stream_s": 5.0}
+
+
+def view(load: int, cap: int | None = 24, healthy: bool = True) -> BackendView:
+    return BackendView(healthy=healthy, inflight=load, effective_cap=cap)
+
+
+def test_the_prompt_is_estimated_at_four_bytes_a_token() -> None:
+    assert prompt_tokens_from_bytes(40_000) == 10_000
+    assert prompt_tokens_from_bytes(0) == 0
+
+
+def test_queue_wait_counts_the_requests_beyond_the_running_cap() -> None:
+    assert queue_wait_s(view(23, cap=24), 5.0) == 0.0  # a slot is free
+    assert queue_wait_s(view(29, cap=24), 5.0) == pytest.approx(6 * 5.0 / 24)
+    assert queue_wait_s(view(99, cap=None), 5.0) == 0.0  # cap unknown: no estimate
+
+
+@pytest.mark.parametrize(("name", "prefix", "here", "there", "moves"), [
+    ("a long prefix stays when neither server queues", 8000, view(20), view(10, cap=28), False),
+    ("the queue it avoids pays for the prefix", 2000, view(48), view(10, cap=28), True),
+    ("the same queue does not pay for a longer prefix", 100_000, view(48), view(10, cap=28), False),
+    ("staying would wake an idle server", 8000, view(0), view(10, cap=28), True),
+    ("both idle: stay with the cache", 8000, view(0), view(0, cap=28), False),
+    ("never to an unhealthy server", 10, view(48), view(0, healthy=False), False),
+    ("always off an unhealthy server", 8000, view(0, healthy=False), view(30), True),
+])
+def test_move_pays(name, prefix, here, there, moves) -> None:
+    assert move_pays(prefix, here, there, **FAST) is moves
+
+
+def snap(mode: str, mtp: int, plain: int, at_work: int | None = None,
+         session_requests: int | None = None) -> Snapshot:
+    return Snapshot(mode, 0.0, {"mtp": view(mtp), "plain": view(plain, cap=28)},  # type: ignore[arg-type]
+                    sessions_at_work=at_work,
+                    session_requests=mtp + plain if session_requests is None else session_requests)
+
+
+ABOVE = snap("plain", 20, 20)  # 40 in flight: plain mode, above the crossover
+BASE = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0, adaptive_crossover=False,
+               adapt_to_accept_length=False, load_signal="requests")
+
+
+@pytest.mark.parametrize(("placement", "prefix", "backend", "reason"), [
+    ("request", 8000, "plain", "above_crossover"),  # the mode decides
+    ("sticky", 8000, "mtp", "session_affinity"),  # stays with its prefix
+    ("move_pays", 8000, "mtp", "session_affinity"),  # MTP does not queue: not worth 0.5 s
+])
+def test_a_session_above_the_crossover(placement, prefix, backend, reason) -> None:
+    routing = BASE.model_copy(update={"session_placement": placement})
+    facts = RequestFacts(session_backend="mtp", prompt_tokens=prefix)
+    decision = decide(ABOVE, facts, routing, now=10.0)
+    assert (decision.backend, decision.reason) == (backend, reason)
+
+
+def test_move_pays_leaves_a_server_that_would_otherwise_go_idle() -> None:
+    routing = BASE.model_copy(update={"session_placement": "move_pays"})
+    facts = RequestFacts(session_backend="mtp", prompt_tokens=8000)
+    decision = decide(snap("plain", 0, 40), facts, routing, now=10.0)
+    assert (decision.backend, decision.reason) == ("plain", "above_crossover")
+
+
+def test_new_sessions_follow_the_mode_whatever_the_placement() -> None:
+    for placement in ("sticky", "move_pays"):
+        routing = BASE.model_copy(update={"session_placement": placement})
+        assert decide(ABOVE, RequestFacts(prompt_tokens=8000), routing, 10.0).backend == "plain"
+
+
+def test_the_sessions_signal_flips_on_sessions_not_requests() -> None:
+    sessions = BASE.model_copy(update={"load_signal": "sessions", "session_crossover": 20})
+    burst = snap("mtp", 30, 0, at_work=10)  # 30 requests from 10 sessions' sub-agents
+    assert decide(burst, RequestFacts(), BASE, 1.0).mode == "plain"
+    assert decide(burst, RequestFacts(), sessions, 1.0).mode == "mtp"
+    assert decide(snap("mtp", 10, 0, at_work=19), RequestFacts(), sessions, 1.0).mode == "mtp"
+    assert decide(snap("mtp", 10, 0, at_work=20), RequestFacts(), sessions, 1.0).mode == "plain"
+
+
+def test_the_sessions_band_is_the_hysteresis_in_sessions() -> None:
+    # session_crossover 20, hysteresis 6: back to MTP at 14 sessions, whatever the crossover
+    sessions = BASE.model_copy(update={"load_signal": "sessions", "session_crossover": 20})
+    for routing in (sessions, sessions.model_copy(update={"crossover": 200})):
+        assert decide(snap("plain", 0, 10, at_work=15), RequestFacts(), routing, 9.0).mode == "plain"
+        assert decide(snap("plain", 0, 10, at_work=14), RequestFacts(), routing, 9.0).mode == "mtp"
+
+
+def test_requests_without_a_session_count_as_requests() -> None:
+    sessions = BASE.model_copy(update={"load_signal": "sessions", "session_crossover": 20})
+    chat = snap("mtp", 24, 0, at_work=0, session_requests=0)  # no sessions: as before
+    assert decide(chat, RequestFacts(), sessions, 1.0).mode == "plain"
+    mixed = snap("mtp", 14, 0, at_work=10, session_requests=2)  # 10 sessions + 12 x 20/24
+    assert decide(mixed, RequestFacts(), sessions, 1.0).mode == "plain"
+    assert decide(snap("mtp", 13, 0, at_work=10, session_requests=2), RequestFacts(), sessions,
+                  1.0).mode == "mtp"
+
+
+def sessions_pool(idle_s: float = 6.0) -> Pool:
+    routing = BASE.model_copy(update={"load_signal": "sessions", "session_idle_s": idle_s})
+    return Pool([PairSpec("p", Backend(url="http://m"), Backend(url="http://p"), routing)], now=0.0)
+
+
+def at_work(pool: Pool, now: float) -> tuple[int | None, int]:
+    snapshot = pool.snapshot(pool.pairs["p"], now)
+    return snapshot.sessions_at_work, snapshot.session_requests
+
+
+def admit(pool: Pool, now: float, session: str | None) -> Lease:
+    lease = pool.admit(Ask(session=session), now)
+    assert isinstance(lease, Lease)
+    return lease
+
+
+def test_the_pool_counts_a_burst_of_one_session_once() -> None:
+    pool = sessions_pool()
+    leases = [admit(pool, 1.0, "a") for _ in range(3)] + [admit(pool, 1.0, None)]
+    assert pool.concurrency == 4
+    assert at_work(pool, 1.0) == (1, 3)  # session a, with 3 requests; one without a session
+    for lease in leases:
+        lease.end(Outcome.SUCCESS, 2.0)
+    assert at_work(pool, 2.0) == (1, 0)  # a thinks between two turns: still at work
+
+
+def test_an_idle_session_stops_counting_after_session_idle_s() -> None:
+    pool = sessions_pool(idle_s=6.0)
+    admit(pool, 1.0, "a").end(Outcome.SUCCESS, 2.0)
+    admit(pool, 3.0, "b").end(Outcome.SUCCESS, 5.0)
+    assert at_work(pool, 8.0) == (2, 0)
+    assert at_work(pool, 8.5) == (1, 0)  # a ended 6.5 s ago
+    admit(pool, 9.0, "a")  # a new turn: at work again
+    assert at_work(pool, 20.0) == (1, 1)
+
+
+def test_idle_sessions_are_forgotten_without_the_sessions_signal() -> None:
+    pool = Pool([PairSpec("p", Backend(url="http://m"), Backend(url="http://p"), BASE)], now=0.0)
+    for k in range(100):
+        admit(pool, float(k * 10), f"s{k}").end(Outcome.SUCCESS, float(k * 10 + 1))
+    assert len(pool.pairs["p"].sessions.idle_since) == 1  # memory stays bounded
+
+
+def test_by_default_sub_agent_bursts_do_not_flip_the_mode() -> None:
+    """36 requests in flight from 12 sessions (3 sub-agents each) stay on MTP: 12 sessions at
+    work are 17 requests' worth of load against the crossover of 31. A request count would
+    flip the pair to plain and move every session's next turn away from its prefix."""
+    pool = Pool([PairSpec("p", Backend(url="http://m"), Backend(url="http://p"), Routing())],
+                now=0.0)
+    leases = [admit(pool, 1.0, f"s{k}") for k in range(12) for _ in range(3)]
+    assert {lease.backend.role for lease in leases} == {"mtp"}
+    assert pool.pairs["p"].mode == "mtp"
+    assert admit(pool, 1.0, None).backend.role == "mtp"  # one request more: still below
+
+
+def test_the_low_load_rule_counts_sessions_too() -> None:
+    """Plain below `plain_below`: four sessions with two requests in flight between bursts are
+    not a low load (the request count would send their turns to plain and back to MTP with
+    each burst, moving their prefixes each time)."""
+    sessions = BASE.model_copy(update={"load_signal": "sessions"})
+    quiet = Snapshot("mtp", 0.0, {"mtp": view(2), "plain": view(0, cap=28)},  # type: ignore[arg-type]
+                     plain_below=3, sessions_at_work=4, session_requests=2)
+    assert decide(quiet, RequestFacts(), sessions, 1.0).backend == "mtp"
+    assert decide(quiet, RequestFacts(), BASE, 1.0).backend == "plain"  # the request count
+    alone = Snapshot("mtp", 0.0, {"mtp": view(2), "plain": view(0, cap=28)},  # type: ignore[arg-type]
+                     plain_below=3, sessions_at_work=2, session_requests=2)
+    assert decide(alone, RequestFacts(), sessions, 1.0).backend == "plain"
