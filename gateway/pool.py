@@ -418,6 +418,12 @@ class Lease:
             return "failover"
         return self.placement.decision.reason if self.moved_from is None else "moved"
 
+    @property
+    def movable(self) -> bool:
+        """A planned move may take it: not pinned by the client, and not bound to the server
+        that holds what it refers to (a stored response)."""
+        return self.ask.pin is None and self.ask.holder is None
+
     def first_byte(self, now: float) -> None:
         if self.started or self.ended:
             return

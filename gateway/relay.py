@@ -672,13 +672,13 @@ class ProxyEndpoint:
 
 def _movable(exchange: Exchange, source: BackendState, target: BackendState) -> bool:
     """A stream still waiting on `source` for its first event that says anything: no byte of
-    one has come (taken, or waiting to be read; whole lead-in events only), and `target` has
-    not failed it already."""
+    one has come (taken, or waiting to be read; whole lead-in events only), neither pinned
+    nor bound to `source` (Lease.movable), and `target` has not failed it already."""
     opening, moved, upstream = exchange.opening, exchange.moved, exchange.upstream
     return (opening is not None and not opening.done() and moved is not None
             and not moved.done() and not exchange.mid_event
             and (upstream is None or not upstream.unread)
-            and exchange.lease.backend is source
+            and exchange.lease.backend is source and exchange.lease.movable
             and all(attempt.backend is not target for attempt in exchange.lease.attempts))
 
 

@@ -48,17 +48,19 @@ def _messages(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
-async def _open_stream(client: openai.AsyncOpenAI, max_tokens: int) -> tuple[Any, Any]:
+async def _open_stream(client: openai.AsyncOpenAI, max_tokens: int,
+                       **extra: Any) -> tuple[Any, Any]:
     """A chat stream opened with the SDK: its raw response (headers) and its chunk stream."""
     raw = await client.chat.completions.with_raw_response.create(
         model=MODEL, messages=_messages("hello"), max_tokens=max_tokens, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}, **extra)
     return raw, raw.parse()
 
 
-async def _whole_stream(client: openai.AsyncOpenAI, max_tokens: int) -> dict[str, Any]:
+async def _whole_stream(client: openai.AsyncOpenAI, max_tokens: int,
+                        **extra: Any) -> dict[str, Any]:
     """One streamed answer read to its end, as a client sees it."""
-    raw, stream = await _open_stream(client, max_tokens)
+    raw, stream = await _open_stream(client, max_tokens, **extra)
     text, finish, usage = [], None, None
     async for chunk in stream:
         for choice in chunk.choices:
@@ -279,4 +281,24 @@ async def test_responses_and_messages_streams_move_too(small_mtp) -> None:
         assert messages_body.count(b"event: message_start") == 1
         assert b"event: message_stop" in messages_body and b'"output_tokens":40' in messages_body
         await burst.finish()
+        await client.close()
+
+
+@pytest.mark.timeout(90)
+async def test_a_stream_pinned_to_mtp_is_not_moved(small_mtp) -> None:
+    """A client's pin (x-gateway-pin) says where the request must run: the flip leaves it."""
+    routing = {**ROUTING, "allow_pin_header": True}
+    async with live_gateway(small_mtp, routing=routing) as gateway:
+        client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+        pinned = {"extra_headers": {"x-gateway-pin": "mtp"}}
+        burst = Burst(gateway, small_mtp, client)
+        await burst.start(queued=[lambda: _whole_stream(client, 40, **pinned),
+                                  lambda: _whole_stream(client, 40),
+                                  lambda: _whole_stream(client, 40)])
+        moved = await asyncio.wait_for(asyncio.gather(*burst.queued[1:]), timeout=30)
+        assert [(m["backend"], m["reason"]) for m in moved] == [("plain", "moved")] * 2
+        assert burst.mtp.num_waiting == 2 and not burst.queued[0].done()  # with the non-stream
+        await burst.finish()
+        assert (burst.queued[0].result()["backend"], burst.queued[0].result()["reason"]) == \
+            ("mtp", "pinned")
         await client.close()

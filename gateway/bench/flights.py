@@ -62,7 +62,7 @@ class Flights:
         for name, moves in pool.take_moves(self.sim.now).items():
             pair = pool.pairs[name]
             on_mtp = [f for f in self.live.values() if f.lease.backend is pair.backends["mtp"]]
-            unstarted = [f for f in on_mtp if not f.lease.started]
+            unstarted = [f for f in on_mtp if not f.lease.started and f.lease.movable]
             # The newest, as the relay picks them (surely queued; the oldest may prefill).
             unstarted = unstarted[max(0, len(unstarted) - moves.not_started):]
             running = [f for f in on_mtp if f.lease.started][:moves.running]
