@@ -302,3 +302,33 @@ async def test_a_stream_pinned_to_mtp_is_not_moved(small_mtp) -> None:
         assert (burst.queued[0].result()["backend"], burst.queued[0].result()["reason"]) == \
             ("mtp", "pinned")
         await client.close()
+
+
+@pytest.mark.timeout(90)
+async def test_a_stream_already_sent_keepalives_still_moves_whole(small_mtp, caplog) -> None:
+    """A queued stream that has had keep-alive comments (its headers are out, naming MTP) has
+    had no event: it still moves, and the SDK reads one whole stream from plain."""
+    caplog.set_level(logging.INFO, logger="mtp_gateway.access")
+    async with live_gateway(small_mtp, routing=ROUTING, timeouts={"keepalive_s": 0.05}) \
+            as gateway, httpx.AsyncClient() as http:
+        client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+        burst = Burst(gateway, small_mtp, client)
+
+        def keepalives_out() -> bool:  # every queued stream has its headers and a comment
+            waiting = list(gateway.runtime.proxy.unstarted.get(gateway.pool.backends["mtp"], {}))
+            return len(waiting) == QUEUED_STREAMS and all(e.committed for e in waiting)
+
+        async def keepalives_sent() -> None:
+            await wait_until(keepalives_out, timeout=10)
+
+        await burst.start(before_flip=keepalives_sent)
+        moved = await asyncio.wait_for(asyncio.gather(*burst.queued), timeout=30)
+        assert all(m["finish"] == "length" and m["completion_tokens"] == 40 for m in moved)
+        assert {m["backend"] for m in moved} == {"mtp"}  # what the headers said when sent
+        assert _moved_total((await http.get(gateway.url + "/metrics")).text) == QUEUED_STREAMS
+        await burst.finish()
+        await client.close()
+    moved_lines = [r.getMessage() for r in caplog.records
+                   if r.name == "mtp_gateway.access" and "moved_from=mtp" in r.getMessage()]
+    assert len(moved_lines) == QUEUED_STREAMS
+    assert all("backend=plain reason=moved status=200" in line for line in moved_lines)
