@@ -80,6 +80,11 @@ class ThroughputCurve:
         self.buckets.setdefault(max(1, round(running)), _Bucket()).add(rate)
         self._known = None
 
+    def measured(self, load: int) -> bool:
+        """Streams were seen at `load` itself (not only around it)."""
+        bucket = self.buckets.get(load)
+        return bucket is not None and bucket.samples >= MIN_SAMPLES
+
     def aggregate(self, load: int) -> float | None:
         """Tokens per second at `load` streams, interpolated between known buckets; None
         outside them (no extrapolation: a guess is worse than the configured crossover)."""
@@ -189,8 +194,11 @@ class CrossoverEstimator:
             learned = self.learned_faster(load, mtp_cap, plain_cap)
             return learned or prior_faster(load, mtp_cap, plain_cap, accept)
 
+        def both_seen_at(load: int) -> bool:  # at low load no guess between far buckets
+            return self.mtp.measured(load) and self.plain.measured(load)
+
         plain_up_to = 0  # a load (streams with the new one): measured only, see prior_faster
-        while (plain_up_to + 1 < low
+        while (plain_up_to + 1 < low and both_seen_at(plain_up_to + 1)
                and self.learned_faster(plain_up_to + 1, mtp_cap, plain_cap) == "plain"):
             plain_up_to += 1
         both_full = None if mtp_cap is None or plain_cap is None else max(mtp_cap, plain_cap)

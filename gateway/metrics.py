@@ -126,6 +126,9 @@ class PoolCollector(Collector):
             "accept": GaugeMetricFamily(
                 "gateway_recent_accept_length", "MTP tokens per SSE chunk over recent streams.",
                 labels=self._labels([])),
+            "plain_below": GaugeMetricFamily(
+                "gateway_plain_below", "Below this many requests in flight plain is the faster "
+                "server too, measured alone (0: MTP at low load).", labels=self._labels([])),
         }
         throughput = GaugeMetricFamily(
             "gateway_estimated_throughput", "Tokens/s each backend makes at the crossover in "
@@ -137,7 +140,8 @@ class PoolCollector(Collector):
             for key, value in (("crossover", pair.crossover),
                                ("hysteresis", pair.routing.hysteresis),
                                ("learned", learning["crossover"]),
-                               ("accept", learning["accept_length"])):
+                               ("accept", learning["accept_length"]),
+                               ("plain_below", learning["plain_below"])):
                 if value is not None:
                     families[key].add_metric(self._values(pair.name, []), value)
             for role, value in learning["throughput"].items():  # type: ignore[attr-defined]

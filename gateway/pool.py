@@ -159,6 +159,7 @@ class PairState:
                            "plain": estimator.plain.aggregate(loads["plain"])},
             "accept_length": estimator.accept_length,
             "samples": estimator.samples,
+            "plain_below": self.plain_below if self.routing.adaptive_crossover else None,
         }
 
 

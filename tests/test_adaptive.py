@@ -214,6 +214,12 @@ def test_the_estimate_is_on_metrics() -> None:
     assert "gateway_recent_accept_length 1.50" in text
     assert 'gateway_estimated_throughput{backend="plain"} 1213.7' in text
     assert 'gateway_estimated_throughput{backend="mtp"} 1162.4' in text
+    assert "gateway_plain_below 0.0" in text  # plain never seen alone at low load
+    for _ in range(5):  # now plain alone at 1 running, 20 % faster than MTP's 1.5 / 16.46 ms
+        estimator.observe("plain", 500, 500 / (1.2 * 1.5 / 0.01646), 1, 0.0)
+    # Only 1 running was seen, then 16: no guess in between (interpolated, plain would read
+    # faster up to 12).
+    assert "gateway_plain_below 1.0" in generate_latest(registry).decode()
 
 
 # --- live: the relay tells the router when a stream starts and how many tokens it made ------
@@ -313,3 +319,21 @@ def test_streams_through_a_mode_change_and_its_aftermath_are_not_samples() -> No
     estimator = pool.pairs["default"].estimator
     assert estimator.samples == 1  # the later one only
     assert list(estimator.plain.buckets) == [1]
+
+
+def test_carried_over_a_rising_load_chat_at_28_running_goes_to_plain() -> None:
+    """Chat on the pair's memory: plain alone makes 1,189 tok/s at C=28, MTP 1,087. Carried
+    from C=24, the learned crossover used to sit at the load (28 counting the new request,
+    against 27 in flight) after one low reading of plain had sent the pair back to MTP, where
+    plain was never sampled again: 1,007 tok/s (0.847)."""
+    from gateway.bench.levels import plan_levels
+    from gateway.bench.virtual import run_virtual_sweep
+    from gateway.bench.workloads import make_workload
+
+    plans = plan_levels([24, 28], duration_s=150.0, warmup_s=50.0)
+    results = run_virtual_sweep(lambda: make_workload("chat"), plans,
+                                Routing(adaptive_crossover=True), PROFILES,
+                                policies=("crossover", "plain-only"), carry_learning=True)
+    gateway, plain = results["gateway"][1], results["plain-only"][1]
+    assert gateway.concurrency == 28 and gateway.share.get("plain", 0) > 0.99
+    assert gateway.aggregate_tps >= 0.95 * plain.aggregate_tps
