@@ -86,14 +86,15 @@ class Snapshot:
         """The load the mode follows, the crossover and the hysteresis, in one unit: requests
         in flight, or (`load_signal: sessions`, while sessions are at work) sessions, against
         `session_crossover` and a band of `hysteresis` sessions, each request without a
-        session counting as the share of one that makes `crossover` of them reach it. A
-        burst of sub-agent requests is one session and a session between two turns still
-        counts: the signal stays put while the requests in flight jump with each burst."""
-        if routing.load_signal != "sessions" or not self.sessions_at_work:
+        session counting as one. A burst of sub-agent requests is one session and a session
+        between two turns still counts: the signal stays put while the requests in flight jump
+        with each burst. Requests this gateway does not see (another replica's, in /v1/loads)
+        have no session it can count: while there are any, the requests in flight decide."""
+        bypassed = any(view.load > view.inflight for view in self.backends.values())
+        if routing.load_signal != "sessions" or not self.sessions_at_work or bypassed:
             return self.concurrency, crossover, routing.hysteresis
         without = max(0, self.concurrency - self.session_requests)
-        level = self.sessions_at_work + without * routing.session_crossover / crossover
-        return level, routing.session_crossover, routing.hysteresis
+        return self.sessions_at_work + without, routing.session_crossover, routing.hysteresis
 
 
 @dataclass(frozen=True, slots=True)

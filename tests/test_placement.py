@@ -102,10 +102,14 @@ def test_requests_without_a_session_count_as_requests() -> None:
     sessions = BASE.model_copy(update={"load_signal": "sessions", "session_crossover": 20})
     chat = snap("mtp", 24, 0, at_work=0, session_requests=0)  # no sessions: as before
     assert decide(chat, RequestFacts(), sessions, 1.0).mode == "plain"
-    mixed = snap("mtp", 14, 0, at_work=10, session_requests=2)  # 10 sessions + 12 x 20/24
+    # 10 sessions (2 requests) and another replica's 10 requests, seen in /v1/loads: 20
+    mixed = snap("mtp", 12, 0, at_work=10, session_requests=2)
     assert decide(mixed, RequestFacts(), sessions, 1.0).mode == "plain"
-    assert decide(snap("mtp", 13, 0, at_work=10, session_requests=2), RequestFacts(), sessions,
+    fewer = snap("mtp", 11, 0, at_work=10, session_requests=2)
+    assert decide(fewer, RequestFacts(), sessions.model_copy(update={"crossover": 200}),
                   1.0).mode == "mtp"
+    assert decide(mixed, RequestFacts(), sessions.model_copy(update={"crossover": 200}),
+                  1.0).mode == "plain"  # whatever the crossover in force
 
 
 def sessions_pool(idle_s: float = 6.0) -> Pool:
@@ -175,3 +179,15 @@ def test_the_low_load_rule_counts_sessions_too() -> None:
     alone = Snapshot("mtp", 0.0, {"mtp": view(2), "plain": view(0, cap=28)},  # type: ignore[arg-type]
                      plain_below=3, sessions_at_work=2, session_requests=2)
     assert decide(alone, RequestFacts(), sessions, 1.0).backend == "plain"
+
+
+def test_traffic_of_other_replicas_falls_back_to_the_request_count() -> None:
+    """Another replica's requests (in /v1/loads) carry no session this gateway can count: its
+    two sessions and 15 unseen requests would read 17 of 20 sessions, while 25 requests in
+    flight are past the crossover of 24."""
+    sessions = BASE.model_copy(update={"load_signal": "sessions", "session_crossover": 20})
+    shared = Snapshot("mtp", 0.0, {  # type: ignore[arg-type]
+        "mtp": BackendView(inflight=10, effective_cap=24, reported_load=25),
+        "plain": BackendView(inflight=0, effective_cap=28)},
+        sessions_at_work=2, session_requests=10)
+    assert decide(shared, RequestFacts(), sessions, 1.0).mode == "plain"
