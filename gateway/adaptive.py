@@ -17,10 +17,10 @@ Before there are samples, a prior from what the monitor knows (each server's run
 /server_info, MTP's accept length) says where plain can overtake MTP at all: MTP's step costs a
 measured factor more than plain's at the same batch (`MTP_STEP_COST`), so at its cap it makes
 ``mtp_cap x accept / factor`` plain-steps' worth of tokens, which plain reaches only with that
-many streams running, and never if its cap is lower (`prior_faster`). Per load the learned estimate overrides the
-prior only where one server is measured clearly faster (`LEARNED_MARGIN`): within that margin
-the samples cannot settle it, and a decision that followed their noise would flip the mode with
-it. The answer is which server is faster at each load: plain from the crossover up, and at low
+many streams running, and never if its cap is lower (`prior_faster`). Per load the learned
+estimate overrides the prior only where one server is measured clearly faster
+(`LEARNED_MARGIN`): within that margin the samples cannot settle it, and a decision that followed
+their noise would flip the mode with it. The answer is which server is faster at each load: plain from the crossover up, and at low
 load too where plain was measured clearly faster alone (`Advice`).
 """
 
