@@ -20,8 +20,9 @@ measured factor more than plain's at the same batch (`MTP_STEP_COST`), so at its
 many streams running, and never if its cap is lower (`prior_faster`). Per load the learned
 estimate overrides the prior only where one server is measured clearly faster
 (`LEARNED_MARGIN`): within that margin the samples cannot settle it, and a decision that followed
-their noise would flip the mode with it. The answer is which server is faster at each load: plain from the crossover up, and at low
-load too where plain was measured clearly faster alone (`Advice`).
+their noise would flip the mode with it. The answer is which server is faster at each load:
+plain from the crossover up, and at low load too where plain was measured clearly faster alone
+(`Advice`).
 """
 
 from __future__ import annotations

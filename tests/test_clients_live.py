@@ -164,10 +164,11 @@ async def test_a_full_queue_in_a_200_is_served_by_the_other_server_and_both_full
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages"])
 async def test_a_disconnect_frees_the_backend_slot_at_once(path: str) -> None:
-    """Read from the simulator's /v1/loads, at speed 1: a gateway that kept the upstream stream
-    open would leave the slot taken until the generation ended (5,000 tokens). /v1/responses:
-    the gateway aborts the request_id it set. /v1/messages: no rid SGLang reads by default; the gateway closes the upstream connection
-    at once, and SGLang aborts a stream whose connection closed (tokenizer_manager.py:958)."""
+    """Read from the simulator's /v1/loads, at speed 1: a gateway that kept the upstream stream open would
+    leave the slot taken until the generation ended (5,000 tokens). /v1/responses: the gateway aborts
+    the request_id it set. /v1/messages: no rid SGLang reads by default; the gateway closes the upstream
+    connection at once, and SGLang aborts a stream whose connection closed
+    (tokenizer_manager.py:958)."""
     body = {**STREAMS[path], "max_tokens": 5000, "max_output_tokens": 5000}
     body.pop("max_output_tokens" if path == "/v1/messages" else "max_tokens")
     async with start_sim_pair(SimOptions(speed=1)) as pair, live_gateway(pair) as gateway, \
