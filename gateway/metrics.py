@@ -129,19 +129,33 @@ class PoolCollector(Collector):
             "plain_below": GaugeMetricFamily(
                 "gateway_plain_below", "Below this many requests in flight plain is the faster "
                 "server too, measured alone (0: MTP at low load).", labels=self._labels([])),
+            "sessions": GaugeMetricFamily(
+                "gateway_sessions_at_work", "Sessions with a request in flight or idle at most "
+                "routing.session_idle_s: what the mode follows with load_signal sessions.",
+                labels=self._labels([])),
+            "session_crossover": GaugeMetricFamily(
+                "gateway_session_crossover", "Sessions at work from which the mode is plain "
+                "(load_signal sessions).", labels=self._labels([])),
         }
         throughput = GaugeMetricFamily(
             "gateway_estimated_throughput", "Tokens/s each backend makes at the crossover in "
             "force, learned from relayed streams.", labels=self._labels(["backend"]))
+        now = time.monotonic()
         for pair in pairs:
             learning = pair.learning_state()
+            routing = pair.routing
+            by_sessions = routing.load_signal == "sessions"
             for name in ("mtp", "plain"):
                 mode.add_metric(self._values(pair.name, [name]), 1.0 if pair.mode == name else 0.0)
             for key, value in (("crossover", pair.crossover),
                                ("hysteresis", pair.routing.hysteresis),
                                ("learned", learning["crossover"]),
                                ("accept", learning["accept_length"]),
-                               ("plain_below", learning["plain_below"])):
+                               ("plain_below", learning["plain_below"]),
+                               ("sessions", pair.sessions.at_work(now, routing.session_idle_s)
+                                if by_sessions else None),
+                               ("session_crossover",
+                                routing.session_crossover if by_sessions else None)):
                 if value is not None:
                     families[key].add_metric(self._values(pair.name, []), value)
             for role, value in learning["throughput"].items():  # type: ignore[attr-defined]

@@ -191,3 +191,23 @@ def test_traffic_of_other_replicas_falls_back_to_the_request_count() -> None:
         "plain": BackendView(inflight=0, effective_cap=28)},
         sessions_at_work=2, session_requests=10)
     assert decide(shared, RequestFacts(), sessions, 1.0).mode == "plain"
+
+
+def test_the_sessions_the_mode_follows_are_on_metrics() -> None:
+    """An operator sees what the `sessions` signal compares: the sessions at work per pair and
+    the crossover in sessions (the mode alone would not say why it did not flip)."""
+    import time
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.metrics import PoolCollector
+
+    pool = sessions_pool()
+    registry = CollectorRegistry()
+    registry.register(PoolCollector(pool))
+    now = time.monotonic()  # the collector reads the sessions at scrape time
+    for session in ("a", "a", "b", None):
+        admit(pool, now, session)
+    text = generate_latest(registry).decode()
+    assert "gateway_sessions_at_work 2.0" in text  # a (2 requests) and b; none for no session
+    assert "gateway_session_crossover 22.0" in text
