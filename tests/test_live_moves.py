@@ -332,3 +332,23 @@ async def test_a_stream_already_sent_keepalives_still_moves_whole(small_mtp, cap
                    if r.name == "mtp_gateway.access" and "moved_from=mtp" in r.getMessage()]
     assert len(moved_lines) == QUEUED_STREAMS
     assert all("backend=plain reason=moved status=200" in line for line in moved_lines)
+
+
+@pytest.mark.timeout(10)
+async def test_a_stream_whose_first_bytes_wait_unread_is_not_moved() -> None:
+    """The backend's first bytes can be in the upstream buffer, not yet taken by the opening
+    task, at the instant of the flip: moving that stream would throw away an answer that has
+    begun. Only a stream with nothing unread is movable."""
+    from types import SimpleNamespace
+
+    from gateway.relay import _movable
+
+    loop = asyncio.get_running_loop()
+    source, target = object(), object()
+    lease = SimpleNamespace(backend=source, movable=True, attempts=[SimpleNamespace(backend=source)])
+    upstream = SimpleNamespace(unread=False)
+    exchange = SimpleNamespace(opening=loop.create_future(), moved=loop.create_future(),
+                               mid_event=False, upstream=upstream, lease=lease)
+    assert _movable(exchange, source, target)
+    upstream.unread = True  # bytes arrived; the opening task has not run since
+    assert not _movable(exchange, source, target)
