@@ -202,7 +202,10 @@ async def test_connection_refused_retries_on_the_other_backend_before_any_byte(s
         assert response.content.endswith(b"data: [DONE]\n\n")
         assert gateway.inflight() == {"mtp": 0, "plain": 0}
         metrics = (await client.get(gateway.url + "/metrics")).text
-        assert 'gateway_retries_total{from_backend="mtp",to_backend="plain"} 1.0' in metrics
+        retries = [line for line in metrics.splitlines() if line.startswith("gateway_retries_total")]
+        assert 'gateway_retries_total{from_backend="mtp",to_backend="plain"} 1.0' in retries, (
+            response.headers.get("x-gateway-route-reason"), retries,
+            [line for line in metrics.splitlines() if line.startswith("gateway_upstream_errors")])
 
 
 # --- in-flight accounting: every way a request can end --------------------------------------
