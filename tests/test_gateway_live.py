@@ -176,8 +176,9 @@ async def test_capacity_guard_never_queues_behind_mtp_cap(sim) -> None:
 
 @pytest.mark.timeout(30)
 async def test_failover_when_a_backend_is_down(sim) -> None:
-    await sim.servers["mtp"].set_faults(Faults(refuse_connections=True))
     async with live_gateway(sim, monitor={"fall": 1}) as gateway, httpx.AsyncClient() as client:
+        # Only once the gateway holds its port: see REFUSE_AFTER_THE_GATEWAY_STARTS.
+        await sim.servers["mtp"].set_faults(Faults(refuse_connections=True))
         await wait_until(lambda: not gateway.pool.backends["mtp"].up)
         response = await client.post(gateway.url + "/v1/chat/completions", json=chat())
         assert response.status_code == 200
@@ -193,10 +194,14 @@ async def test_failover_when_a_backend_is_down(sim) -> None:
 
 @pytest.mark.timeout(30)
 async def test_connection_refused_retries_on_the_other_backend_before_any_byte(sim) -> None:
-    await sim.servers["mtp"].set_faults(Faults(refuse_connections=True))
     async with live_gateway(sim, monitor={"interval_s": 60}) as gateway, \
             httpx.AsyncClient() as client:
-        gateway.pool.backends["mtp"].up = True  # the monitor has not noticed yet
+        # REFUSE_AFTER_THE_GATEWAY_STARTS: a server that refuses has closed its listening
+        # socket, and a gateway started after that on port 0 can be given the same port: its
+        # "mtp" is then itself, and the request loops through it until the mode flips and the
+        # move takes it to plain (200 from plain, no retry: this test failed so once in CI).
+        await sim.servers["mtp"].set_faults(Faults(refuse_connections=True))
+        assert gateway.pool.backends["mtp"].up  # the monitor has not noticed yet
         response = await client.post(gateway.url + "/v1/chat/completions", json=chat(stream=True))
         assert response.status_code == 200 and response.headers["x-gateway-backend"] == "plain"
         assert response.content.endswith(b"data: [DONE]\n\n")

@@ -323,12 +323,14 @@ async def test_slow_backend_completes_when_every_gap_is_within_the_idle_budget()
 
 @pytest.mark.timeout(30)
 async def test_both_backends_refusing_gives_a_clean_openai_shaped_502(sim) -> None:
-    for server in sim.servers.values():
-        await server.set_faults(Faults(refuse_connections=True))
     async with live_gateway(sim, monitor={"interval_s": 60}) as gateway, \
             httpx.AsyncClient() as client:
-        for backend in ("mtp", "plain"):  # the monitor has not noticed yet
-            gateway.pool.backends[backend].up = True
+        # Refused only once the gateway holds its port (a gateway started after could be given
+        # a port a refusing server just freed; tests/test_gateway_live.py says what follows).
+        for server in sim.servers.values():
+            await server.set_faults(Faults(refuse_connections=True))
+        for backend in ("mtp", "plain"):
+            assert gateway.pool.backends[backend].up  # the monitor has not noticed yet
         for body in (chat(stream=True), chat()):
             response = await client.post(gateway.url + URL, json=body)
             assert response.status_code == 502
