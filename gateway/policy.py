@@ -142,10 +142,18 @@ def effective_crossover(routing: Routing, accept_length: float | None,
     return max(1, round(routing.crossover * accept_length / routing.reference_accept_length))
 
 
-def next_mode(snapshot: Snapshot, routing: Routing, now: float) -> tuple[Mode, float]:
-    """Apply the hysteresis rule to the current load."""
+Load = tuple[float, float, float]  # the level, the crossover and the band, in one unit
+
+
+def load_against_crossover(snapshot: Snapshot, routing: Routing) -> Load:
+    """What the mode and the choice compare, computed once per decision."""
     crossover = effective_crossover(routing, snapshot.accept_length, snapshot.learned_crossover)
-    level, top, band = snapshot.against_crossover(routing, crossover)
+    return snapshot.against_crossover(routing, crossover)
+
+
+def next_mode(snapshot: Snapshot, routing: Routing, now: float, load: Load) -> tuple[Mode, float]:
+    """Apply the hysteresis rule to the current load."""
+    level, top, band = load
     if snapshot.mode == "mtp" and level >= top:
         return "plain", now
     if snapshot.mode == "plain" and level <= top - band:
@@ -155,9 +163,9 @@ def next_mode(snapshot: Snapshot, routing: Routing, now: float) -> tuple[Mode, f
 
 
 def _crossover_choice(
-    snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode
+    snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode, load: Load
 ) -> tuple[Role, Reason]:
-    backend, reason = _mode_choice(snapshot, facts, routing, mode)
+    backend, reason = _mode_choice(snapshot, facts, routing, mode, load)
     held = facts.session_backend
     if held is None or held == backend or routing.session_placement == "request":
         return backend, reason
@@ -170,10 +178,9 @@ def _crossover_choice(
 
 
 def _mode_choice(
-    snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode
+    snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode, load: Load
 ) -> tuple[Role, Reason]:
-    crossover = effective_crossover(routing, snapshot.accept_length, snapshot.learned_crossover)
-    level, top, band = snapshot.against_crossover(routing, crossover)
+    level, top, band = load
     in_band = top - band < level < top
     if in_band and routing.session_affinity and facts.session_backend is not None:
         return facts.session_backend, "session_affinity"
@@ -199,9 +206,10 @@ def _over_capacity(view: BackendView) -> bool:
 
 
 def decide(snapshot: Snapshot, facts: RequestFacts, routing: Routing, now: float) -> Decision:
-    mode, since = next_mode(snapshot, routing, now)
+    load = load_against_crossover(snapshot, routing)
+    mode, since = next_mode(snapshot, routing, now, load)
     if routing.policy == "crossover":
-        backend, reason = _crossover_choice(snapshot, facts, routing, mode)
+        backend, reason = _crossover_choice(snapshot, facts, routing, mode, load)
     else:
         backend, reason = ("mtp" if routing.policy == "mtp-only" else "plain"), "static_policy"
     if facts.pin is not None:
