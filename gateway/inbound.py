@@ -176,7 +176,7 @@ def is_stream(value: Any) -> bool:
 
 
 def _is_array(raw: msgspec.Raw | UnsetType) -> bool:
-    return raw is not UNSET and memoryview(raw)[:1] == b"["
+    return raw is not UNSET and memoryview(raw)[:1].tobytes() == b"["
 
 
 def session_of(headers: Headers, fields: RequestFields, session_headers: tuple[str, ...]) -> str | None:
@@ -188,9 +188,8 @@ def session_of(headers: Headers, fields: RequestFields, session_headers: tuple[s
     if isinstance(user, str) and user:
         return user
     metadata = fields.metadata
-    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
-        return metadata["user_id"]
-    return None
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    return user_id if isinstance(user_id, str) else None
 
 
 def pin_of(headers: Headers, allowed: bool) -> Role | None:
@@ -199,7 +198,7 @@ def pin_of(headers: Headers, allowed: bool) -> Role | None:
         return None
     if value not in ROLES:
         raise BadRequest(f"x-gateway-pin must be one of {', '.join(ROLES)}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def with_rid(body: bytes, fields: RequestFields, name: str = "rid",
