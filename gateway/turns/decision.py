@@ -1,0 +1,123 @@
+"""When a pair whose two servers take turns owning the GPUs' memory hands it over.
+
+A pure function of the pair's state: no clock (``now`` is passed in), no I/O. The caller (the
+turns controller live, ``gateway.bench.turns_virtual`` in virtual time) owns the state, asks
+between turns only (never while one is in progress), and keeps ``TurnDecision.across_since``
+for the next call.
+
+    decision = decide_turn(PairMemory(holder="mtp", since=t0, across_since=None),
+                           LoadSignal(level, crossover, band),   # gateway.policy.load_against_crossover
+                           TurnRules(turn_cost_s=1.5), now,
+                           cached_tokens=..., continued_tokens=...)
+    if decision.hand_over: ...start a turn to decision.to...
+
+The rule:
+- the load wants plain at or above the crossover, MTP at or below ``crossover - band``, and
+  inside the band the holder keeps the memory (hysteresis);
+- the load must have stood on the other side for ``to_plain_after_s`` / ``to_mtp_after_s``
+  (a burst of sub-agent requests is not a change of load);
+- the holder keeps the memory at least its *dwell*: ``min_dwell_s``, and at least
+  ``dwell_turns`` times what a turn costs, so turns never take more than about
+  ``1 / dwell_turns`` of the time however the load swings. A turn costs its own pause, release,
+  resume and continue (``turn_cost_s``), the re-prefill of the streams continued on the
+  incoming server (``continued_tokens``), and the prefix cache thrown away (``cached_tokens``:
+  release flushes it, so the incoming server starts cold and the outgoing one will too when
+  it comes back), each at ``prefill_tokens_per_s``. A server holding a large warm cache
+  (agentic sessions) therefore holds longer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["mtp", "plain"]
+TurnReason = Literal[
+    "holder_fits",  # the load is on the holder's side (or inside the band)
+    "confirming",  # on the other side, not yet for long enough
+    "dwell",  # the holder has not held the memory long enough for another turn to pay
+    "load_above_crossover",  # hand over to plain
+    "load_below_crossover",  # hand over to MTP
+]
+NEVER = -math.inf  # `since` of a pair that has never turned: the first turn needs no dwell
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRules:
+    turn_cost_s: float = 1.5  # pause + release + resume + continue, host copy retained (H200)
+    dwell_turns: float = 10.0  # hold >= this many turns' cost: turns take <= ~1/10 of the time
+    min_dwell_s: float = 5.0
+    to_plain_after_s: float = 0.0  # throughput must not wait for a saturated MTP server
+    to_mtp_after_s: float = 5.0
+    prefill_tokens_per_s: float = 16_000.0  # what a thrown-away or re-sent token costs
+
+    def __post_init__(self) -> None:
+        values = (self.turn_cost_s, self.dwell_turns, self.min_dwell_s, self.to_plain_after_s,
+                  self.to_mtp_after_s)
+        if any(v < 0 for v in values) or self.prefill_tokens_per_s <= 0:
+            raise ValueError("turn rules take non-negative times and a positive prefill rate")
+
+    def turn_cost(self, cached_tokens: int = 0, continued_tokens: int = 0) -> float:
+        """Seconds a turn costs the pair now: the turn itself and the tokens it makes the
+        servers compute again."""
+        return self.turn_cost_s + (cached_tokens + continued_tokens) / self.prefill_tokens_per_s
+
+    def dwell(self, cached_tokens: int = 0, continued_tokens: int = 0) -> float:
+        return max(self.min_dwell_s, self.dwell_turns * self.turn_cost(cached_tokens, continued_tokens))
+
+
+@dataclass(frozen=True, slots=True)
+class PairMemory:
+    """Who holds the memory, since when (NEVER: since the start), and since when the load has
+    stood on the other server's side (None: it does not)."""
+
+    holder: Role
+    since: float = NEVER
+    across_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSignal:
+    """The load the mode follows and its crossover and hysteresis band, in one unit (requests
+    in flight, or sessions at work): ``gateway.policy.load_against_crossover``."""
+
+    level: float
+    crossover: float
+    band: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDecision:
+    hand_over: bool
+    to: Role | None  # the incoming server when hand_over
+    reason: TurnReason
+    across_since: float | None  # keep it in PairMemory for the next call
+
+
+def wanted(holder: Role, load: LoadSignal) -> Role:
+    """The server the load wants, with the band holding the current holder."""
+    if load.level >= load.crossover:
+        return "plain"
+    if load.level <= load.crossover - load.band:
+        return "mtp"
+    return holder
+
+
+def decide_turn(memory: PairMemory, load: LoadSignal, rules: TurnRules, now: float, *,
+                cached_tokens: int = 0, continued_tokens: int = 0) -> TurnDecision:
+    """Whether to hand the memory over now, and to whom (see the module docstring).
+    ``cached_tokens``: the outgoing server's prefix cache that a release throws away;
+    ``continued_tokens``: prompt + generated tokens of the streams the incoming server would
+    continue (prefilled again there)."""
+    to = wanted(memory.holder, load)
+    if to == memory.holder:
+        return TurnDecision(False, None, "holder_fits", None)
+    across = memory.across_since if memory.across_since is not None else now
+    confirm = rules.to_plain_after_s if to == "plain" else rules.to_mtp_after_s
+    if now - across < confirm:
+        return TurnDecision(False, None, "confirming", across)
+    if now - memory.since < rules.dwell(cached_tokens, continued_tokens):
+        return TurnDecision(False, None, "dwell", across)
+    reason: TurnReason = "load_above_crossover" if to == "plain" else "load_below_crossover"
+    return TurnDecision(True, to, reason, None)
