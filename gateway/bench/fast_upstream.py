@@ -174,7 +174,14 @@ class UpstreamConnection(asyncio.Protocol):
                 if end < 0:
                     return
                 lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
+                request_line = lines[0].split(" ", 2)
+                if len(request_line) != 3 or request_line[0] == "PRI":
+                    # Not HTTP/1.1: sglang-router probes with HTTP/2's preface first; refuse it
+                    # the way uvicorn does, and it carries on in HTTP/1.1.
+                    self.transport.write(_json_response({"error": "HTTP/1.1 only"}, "400 Bad Request"))
+                    self.transport.close()
+                    return
+                method, path, _ = request_line
                 length, close = 0, False
                 for line in lines[1:]:
                     name, _, value = line.partition(":")

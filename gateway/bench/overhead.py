@@ -1,11 +1,16 @@
 """`mtp-gateway overhead`: what the gateway itself costs per request and per chunk.
 
-The same closed-loop streaming load goes to a fast fake upstream directly and through the
-gateway, interleaved (order rotated), at C = 1, 32, 128 x max_tokens 16, 128. Three processes:
+The same closed-loop streaming load goes to a fast fake upstream directly, through the
+gateway and through SGLang's own Rust router (`sglang-router`, when installed: the third column,
+so the gateway's cost reads as a ratio to the router's), interleaved (order rotated), at
+C = 1, 32, 128 x max_tokens 16, 128. The processes:
 
     fake upstream  (gateway/bench/fast_upstream.py)    CPU 0
     load generator (gateway/bench/overhead_client.py)  CPU 0
-    gateway        (python -m gateway serve)           CPU 1, alone
+    gateway        (python -m gateway serve)           CPU 1
+    sglang-router  (python -m sglang_router.launch_router --policy round_robin)  CPU 1
+
+(the gateway and the router take turns: only the one under load works during a window)
 
 (pinning only when the machine has two usable cores or more). Per point: chunks/s, added TTFT
 p50/p99 and added inter-chunk p99 (gateway minus direct), the gateway's CPU per 1,000 chunks
@@ -84,7 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure a window again when other programs used the CPUs during it")
     parser.add_argument("--busy-wait", type=float, default=30.0, metavar="S",
                         help="before such a retry, wait up to S seconds for the machine to be quiet")
-    parser.add_argument("--gateway-only", action="store_true", help="skip the direct runs (profiling)")
+    parser.add_argument("--gateway-only", action="store_true",
+                        help="skip the direct and router runs (profiling)")
+    parser.add_argument("--no-router", action="store_true",
+                        help="skip the sglang-router column (it runs when sglang_router is installed)")
     parser.add_argument("--profile", metavar="DIR", default=None,
                         help="py-spy record the gateway during each gateway window into DIR")
     parser.add_argument("--json", metavar="FILE", default=None, help="write the JSON report here")
@@ -170,6 +178,9 @@ class Harness:
         self.upstream: subprocess.Popen[Any] | None = None
         self.loadgen: subprocess.Popen[str] | None = None
         self.gateway_log = workdir / "gateway.log"
+        self.router: subprocess.Popen[Any] | None = None
+        self.router_port = 0
+        self.router_error: str | None = None  # why there is no router column, when there is none
 
     def start(self) -> None:
         env = _clean_env()
@@ -207,6 +218,10 @@ class Harness:
             preexec_fn=_preexec(self.gw_cpus))
         self.procs.append(self.gateway)
         self._wait_gateway()
+        if self.args.no_router or self.args.gateway_only:
+            self.router_error = "not asked for (--no-router or --gateway-only)"
+        else:
+            self.router_error = self._start_router(upstream_url, env)
 
         self.loadgen = subprocess.Popen(
             [sys.executable, "-m", "gateway.bench.overhead_client"],
@@ -214,6 +229,34 @@ class Harness:
             preexec_fn=_preexec(self.load_cpus))
         self.procs.append(self.loadgen)
         self._ready_line(self.loadgen, "load generator")
+
+    def _start_router(self, upstream_url: str, env: dict[str, str]) -> str | None:
+        """sglang-router in front of the fake upstream, pinned like the gateway; None when it
+        is ready, else why it is not (the run goes on without the column)."""
+        try:
+            import sglang_router  # noqa: F401
+        except ImportError as exc:
+            return f"sglang_router is not installed ({exc}): pip install -e '.[test]'"
+        reason = "no attempt"
+        for attempt in range(3):  # it refuses --port 0: a port free a moment ago, retried if taken
+            port, metrics_port = _free_port(), _free_port()
+            log_path = self.workdir / f"router-{attempt}.log"
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "sglang_router.launch_router", *ROUTER_ARGS,
+                     "--host", "127.0.0.1", "--port", str(port), "--worker-urls", upstream_url,
+                     "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)],
+                    stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env={**env, **ROUTER_OFFLINE},
+                    preexec_fn=_preexec(self.gw_cpus))
+            self.procs.append(proc)
+            reason = _wait_router(port, proc, log_path)
+            if reason is None:
+                self.router, self.router_port = proc, port
+                return None
+            _stop(proc)
+            if "in use" not in reason:
+                break
+        return reason
 
     def _ready_line(self, proc: subprocess.Popen[str], what: str) -> str:
         assert proc.stdout is not None
@@ -256,6 +299,16 @@ class Harness:
             raise RuntimeError(f"load generator failed: {out['fatal']}")
         return dict(out)
 
+    def target(self, name: str) -> tuple[int, int]:
+        """(port the load goes to, pid whose CPU and memory are read) of a column."""
+        assert self.gateway is not None and self.upstream is not None
+        if name == "gateway":
+            return self.gateway_port, self.gateway.pid
+        if name == "router":
+            assert self.router is not None
+            return self.router_port, self.router.pid
+        return self.upstream_port, self.upstream.pid
+
     def gateway_stack(self) -> dict[str, bool]:
         """Which native pieces the gateway process has loaded (its event loop, its HTTP parser)."""
         assert self.gateway is not None
@@ -279,16 +332,50 @@ class Harness:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGINT if proc is self.gateway else signal.SIGTERM)
         for proc in reversed(self.procs):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                proc.wait(timeout=5)
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
+            _stop(proc, signalled=True)
+
+
+# SGLang's router as the issue measured it; per-request logging off, as for the gateway.
+ROUTER_ARGS = ("--policy", "round_robin", "--log-level", "warn")
+# The router asks the worker for its model, then tries the Hugging Face hub for that model's
+# tokenizer: offline, and any outside request goes to a closed loopback port and fails at once.
+ROUTER_OFFLINE = {"HF_HUB_OFFLINE": "1", "NO_PROXY": "127.0.0.1,localhost",
+                  "no_proxy": "127.0.0.1,localhost",
+                  **{k: "http://127.0.0.1:9" for k in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy",
+                                                       "http_proxy")}}
+
+
+def _wait_router(port: int, proc: subprocess.Popen[Any], log_path: Path,
+                 timeout_s: float = 30.0) -> str | None:
+    """None once the router has registered its worker (/readiness 200), else why not."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readiness", timeout=2) as r:
+                if r.status == 200:
+                    return None
+        time.sleep(0.1)
+    tail = log_path.read_text(errors="replace")[-600:].strip()
+    if proc.poll() is None:
+        return f"sglang-router not ready in {timeout_s:g} s: {tail}"
+    return f"sglang-router exited ({proc.returncode}): {tail}"
+
+
+def _stop(proc: subprocess.Popen[Any], signalled: bool = False) -> None:
+    """Stop one process we started (terminate unless `signalled` already), then reap it."""
+    if not signalled and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=5)
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
 
 
 @contextlib.contextmanager
@@ -321,6 +408,15 @@ def machine_info() -> dict[str, Any]:
     return {"cpu_model": model, "cores": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
             "mem_gib": mem_gib, "python": platform.python_version(),
             "platform": platform.platform(terse=True), "git": git}
+
+
+def router_info(h: Harness) -> dict[str, Any]:
+    version = None
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version as dist_version
+        version = dist_version("sglang-router")
+    return {"ran": h.router is not None, "version": version, "error": h.router_error,
+            "args": " ".join(ROUTER_ARGS)}
 
 
 def command_line() -> str:
@@ -360,8 +456,7 @@ def run_one(args: argparse.Namespace, h: Harness, target: str, c: int, length: i
             repeat: int) -> tuple[dict[str, Any], dict[str, int]]:
     """One closed-loop window; re-run (up to --busy-retries) when other programs ran meanwhile."""
     assert h.gateway is not None and h.upstream is not None
-    port = h.gateway_port if target == "gateway" else h.upstream_port
-    pid = h.gateway.pid if target == "gateway" else h.upstream.pid
+    port, pid = h.target(target)
     tag = f"c{c}-l{length}-r{repeat}"
     for attempt in range(args.busy_retries + 1):
         before = h.upstream_stats() if target == "gateway" else None
@@ -392,13 +487,16 @@ def run_one(args: argparse.Namespace, h: Harness, target: str, c: int, length: i
 def run_matrix(args: argparse.Namespace, h: Harness) -> tuple[list[dict[str, Any]], dict[str, int]]:
     points = [(length, c) for length in _ints(args.lengths) for c in _ints(args.concurrency)]
     targets = ["gateway"] if args.gateway_only else ["direct", "gateway"]
+    if h.router is not None:
+        targets.append("router")
     runs: list[dict[str, Any]] = []
     conns = {"new_connections": 0, "requests": 0}
     total = args.repeats * len(points) * len(targets)
     n = 0
     for repeat in range(args.repeats):
         for index, (length, c) in enumerate(points):
-            order = targets if (repeat + index) % 2 == 0 else targets[::-1]
+            turn = (repeat + index) % len(targets)  # each column first in turn
+            order = targets[turn:] + targets[:turn]
             for target in order:
                 n += 1
                 result, used = run_one(args, h, target, c, length, repeat)
@@ -452,7 +550,9 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with harness(args) as h:
         _log(f"fake upstream :{h.upstream_port} (pid {h.upstream.pid if h.upstream else '?'}), "
-             f"gateway :{h.gateway_port} (pid {h.gateway.pid if h.gateway else '?'}); pinning: {h.pinning}")
+             f"gateway :{h.gateway_port} (pid {h.gateway.pid if h.gateway else '?'}), "
+             + (f"sglang-router :{h.router_port} (pid {h.router.pid})" if h.router else
+                f"no sglang-router: {h.router_error}") + f"; pinning: {h.pinning}")
         runs, conns = run_matrix(args, h)
         small = big = None
         if args.big_body_kb > 0 and not args.gateway_only:
@@ -468,7 +568,8 @@ def run(args: argparse.Namespace) -> int:
                  f"{streams['rss_open_mb']} MB (idle {streams['rss_before_mb']} MB), "
                  f"errors {streams['errors']}")
         harness_info = {"pinning": h.pinning, "gateway_stack": h.gateway_stack(), "machine": machine,
-                        "load_before_cores": round(before_load, 3)}
+                        "load_before_cores": round(before_load, 3),
+                        "router": router_info(h)}
     report = build_report(args, runs, conns, small, big, streams, harness_info, time.monotonic() - started)
     text = report_mod.markdown(report)
     if args.markdown:
@@ -496,7 +597,8 @@ def build_report(args: argparse.Namespace, runs: list[dict[str, Any]], conns: di
               for k in keys]
     errors_total = sum(r["errors"] for r in runs)
     errors_total += sum(x["errors"] for x in (small, big, streams) if x is not None)
-    targets = report_mod.evaluate_targets(points, big, streams, errors_total)
+    targets = report_mod.evaluate_targets(points, big, streams, errors_total,
+                                          harness_info["router"]["error"])
     measured = [t for t in targets if t.passed is not None]
     notes = [
         "Added figures are gateway minus direct at the same point and repeat (median over repeats); "
@@ -527,6 +629,7 @@ def build_report(args: argparse.Namespace, runs: list[dict[str, Any]], conns: di
         "command": command_line(),
         "elapsed_s": round(elapsed_s, 1),
         "machine": harness_info["machine"],
+        "router": harness_info["router"],
         "setup": {"pinning": harness_info["pinning"], "gateway_loop": args.gateway_loop,
                   "gateway_stack": harness_info["gateway_stack"],
                   "ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms,

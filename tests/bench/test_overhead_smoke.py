@@ -1,5 +1,6 @@
 """The overhead benchmark's CI guard: `--quick` (C=32, 16 tokens, a 3 s window, small extras)
-runs end to end against a real gateway process and reports every field, with zero errors.
+runs end to end against a real gateway process and reports every field, with zero errors, and
+sglang-router's column beside it (skipped, saying why, when the router cannot start here).
 
 No timing assertions: the figures depend on the machine; docs/perf/overhead.json keeps the
 measured ones with the machine and command they came from."""
@@ -24,7 +25,9 @@ POINT_FIELDS = ("chunks_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms", "wat
                 "watched_rss_mb", "watched_hwm_mb")
 TARGET_KEYS = {"c128_l16_throughput", "c128_l128_throughput", "c128_l16_ttft_p50", "c128_l128_ttft_p50",
                "c1_l16_ttft_p50", "c1_l16_ttft_p99", "c1_l128_ttft_p50", "c1_l128_ttft_p99",
-               "c128_l128_cpu", "c128_l16_cpu", "big_body", "open_streams_rss", "errors"}
+               "c128_l128_cpu", "c128_l16_cpu", "big_body", "open_streams_rss", "errors",
+               "c32_l16_cpu_vs_router", "c32_l128_cpu_vs_router", "c128_l16_cpu_vs_router",
+               "c128_l128_cpu_vs_router"}
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +46,9 @@ def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
 def test_quick_run_completes_without_errors(quick_report: tuple[dict, str]) -> None:
     report, _ = quick_report
     assert report["errors_total"] == 0
+    columns = {"direct", "gateway"} | ({"router"} if report["router"]["ran"] else set())
     assert {(r["target"], r["concurrency"], r["max_tokens"]) for r in report["runs"]} == {
-        ("direct", 32, 16), ("gateway", 32, 16)}
+        (column, 32, 16) for column in columns}
     for run in report["runs"]:
         assert run["errors"] == 0, run["error_kinds"]
         assert run["chunks"] > 0 and run["ttft_samples"] > 0 and run["itl_samples"] > 0
@@ -84,3 +88,22 @@ def test_quick_report_has_every_field(quick_report: tuple[dict, str]) -> None:
     for heading in ("## Targets", "## Streaming", "## Non-streamed requests", "## Open streams",
                     "| gateway | 32 |"):
         assert heading in markdown
+
+
+@pytest.mark.timeout(180)
+def test_quick_report_has_the_router_column(quick_report: tuple[dict, str]) -> None:
+    report, markdown = quick_report
+    router = report["router"]
+    if not router["ran"]:
+        pytest.skip(f"sglang-router did not start here: {router['error']}")
+    assert router["version"] and router["error"] is None
+    (point,) = report["points"]
+    assert all(point["router"][k] is not None for k in POINT_FIELDS), point["router"]
+    assert point["errors"]["router"] == 0
+    assert all(point["router_added"][k] is not None for k in ("ttft_p50_ms", "ttft_p99_ms", "chunks_share"))
+    ratios = point["vs_router"]
+    assert ratios["cpu_per_chunk"] > 0 and ratios["chunks_per_s"] > 0
+    target = {t["key"]: t for t in report["targets"]}["c32_l16_cpu_vs_router"]
+    assert target["passed"] is not None and "x)" in target["figure"]
+    assert "| router | 32 |" in markdown
+    assert "## Gateway / sglang-router" in markdown and "| 32 x 16 |" in markdown
