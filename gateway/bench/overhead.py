@@ -52,6 +52,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gateway.bench import overhead_callgrind
 from gateway.bench import overhead_report as report_mod
 from gateway.bench.fast_upstream import EFFECTIVE_CAP, raise_nofile_limit
 from gateway.bench.overhead_client import machine_busy_s
@@ -100,6 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the Markdown report here (default: stdout)")
     parser.add_argument("--check-targets", action="store_true",
                         help="exit 1 when a measured target fails")
+    overhead_callgrind.add_arguments(parser)
 
 
 def _ints(text: str) -> list[int]:
@@ -146,6 +148,13 @@ def _cpu_plan(no_pin: bool) -> tuple[set[int] | None, set[int] | None, str]:
     return ({load}, {gw},
             f"fake upstream + load generator on CPU {load}, gateway alone on CPU {gw} "
             "(sched_setaffinity, as taskset -c)")
+
+
+def callgrind_prefix(out_dir: Path) -> list[str]:
+    """valgrind's callgrind with counting off until the harness turns it on (callgrind_control)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+            f"--callgrind-out-file={out_dir.resolve()}/callgrind.out.%p"]
 
 
 def _preexec(cpus: set[int] | None) -> Any:
@@ -195,11 +204,13 @@ class Harness:
         self.gateway_port = _free_port()
         upstream_url = f"http://127.0.0.1:{self.upstream_port}"
         config = self.workdir / "gateway.yaml"
+        counting = bool(getattr(self.args, "callgrind", None))
         config.write_text(json.dumps({  # JSON is YAML
             "listen": {"host": "127.0.0.1", "port": self.gateway_port},
             "backends": {"mtp": {"url": upstream_url}, "plain": {"url": upstream_url}},
             "routing": {"policy": "crossover", "crossover": 100000},
-            "monitor": {"interval_s": 1.0},
+            # Counting instructions: one probe round at start, none that the wall time scales.
+            "monitor": {"interval_s": 3600.0 if counting else 1.0},
         }, indent=2))
         log = open(self.gateway_log, "w")  # noqa: SIM115 - closed with the process
         serve = ["serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(self.gateway_port),
@@ -212,13 +223,16 @@ class Harness:
             command = [sys.executable, "-c", prelude, *serve]
         else:
             command = [sys.executable, "-m", "gateway", *serve]
+        root = Path(getattr(self.args, "gateway_root", None) or REPO_ROOT).resolve()
+        if counting:
+            command = [*callgrind_prefix(Path(self.args.callgrind)), *command]
         self.gateway = subprocess.Popen(
             command,
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env,
+            stdout=log, stderr=subprocess.STDOUT, cwd=root, env={**env, "PYTHONPATH": str(root)},
             preexec_fn=_preexec(self.gw_cpus))
         self.procs.append(self.gateway)
-        self._wait_gateway()
-        if self.args.no_router or self.args.gateway_only:
+        self._wait_gateway(timeout_s=600.0 if counting else 30.0)
+        if self.args.no_router or self.args.gateway_only or counting:
             self.router_error = "not asked for (--no-router or --gateway-only)"
         else:
             self.router_error = self._start_router(upstream_url, env)
@@ -535,6 +549,8 @@ def run_sequential(args: argparse.Namespace, h: Harness, body_bytes: int, reques
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.callgrind:
+        return overhead_callgrind.run(args, harness, machine_info, command_line)
     if args.quick:
         args.concurrency, args.lengths, args.duration = "32", "16", 3.0
         args.repeats = 1

@@ -14,6 +14,12 @@ stdin, one JSON line of results per command on stdout:
      "requests": 50, "warmup": 5, "watch_pid": PID}
     {"cmd": "open_streams", "port": P, "streams": 1000, "max_tokens": 8, "itl_ms": 1000,
      "watch_pid": PID}
+    {"cmd": "fixed", "port": P, "concurrency": C, "max_tokens": L, "requests_per_worker": R,
+     "itl_ms": 80, "start_spread_s": 0.08}
+
+`fixed` (the instruction-count harness's): C connections opened and warmed with one 1-token
+stream each, then a line `WARM` on stdout; on the next stdin line, exactly C x R streams of L
+chunks (worker i starts i/C x start_spread_s late), then its result line.
 
 `watch_pid`'s CPU (utime+stime) and memory (VmRSS, VmHWM) are read from /proc at the exact
 start and end of the measurement window, by the same loop that counts the chunks.
@@ -521,8 +527,49 @@ async def open_streams(port: int, streams: int, max_tokens: int, itl_ms: float,
             "errors": sum(errors.values()), "error_kinds": errors}
 
 
+async def fixed(port: int, concurrency: int, max_tokens: int, requests_per_worker: int, itl_ms: float,
+                start_spread_s: float) -> dict[str, Any]:
+    """A fixed amount of work, the same every time: the instruction counter's workload."""
+    loop = asyncio.get_running_loop()
+    conns = [await connect(port) for _ in range(concurrency)]
+    warm = chat_request(port, stream_body(1))
+    errors: dict[str, int] = {}
+
+    def check(result: Result, expect: int) -> None:
+        problem = _check(result, expect)
+        if problem:
+            errors[problem] = errors.get(problem, 0) + 1
+
+    for result in await asyncio.gather(*(conn.send(warm) for conn in conns)):
+        check(result, 1)  # every connection, both sides of the gateway, open and used once
+    print("WARM", flush=True)
+    await loop.run_in_executor(None, sys.stdin.readline)
+    request = chat_request(port, stream_body(max_tokens, bench_itl_ms=itl_ms))
+    chunks = 0
+
+    async def worker(index: int, conn: Connection) -> None:
+        nonlocal chunks
+        await asyncio.sleep(start_spread_s * index / concurrency)
+        for _ in range(requests_per_worker):
+            result = await conn.send(request)
+            chunks += result.content
+            check(result, max_tokens)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(i, conn) for i, conn in enumerate(conns)))
+    wall = time.perf_counter() - started
+    for conn in conns:
+        conn.close()
+    return {"concurrency": concurrency, "max_tokens": max_tokens,
+            "requests": concurrency * requests_per_worker, "chunks": chunks,
+            "wall_s": round(wall, 3), "itl_ms": itl_ms,
+            "errors": sum(errors.values()), "error_kinds": errors}
+
+
 async def dispatch(command: dict[str, Any]) -> dict[str, Any]:
     cmd = command.pop("cmd")
+    if cmd == "fixed":
+        return await fixed(**command)
     if cmd == "closed_loop":
         return await closed_loop(**command)
     if cmd == "sequential":
