@@ -92,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="before such a retry, wait up to S seconds for the machine to be quiet")
     parser.add_argument("--gateway-only", action="store_true",
                         help="skip the direct and router runs (profiling)")
+    parser.add_argument("--gateway-config", metavar="JSON", default=None,
+                        help="experiment: top-level sections replacing the gateway config's, e.g. "
+                             "'{\"log\": {\"access\": false}}' (the report's command says so)")
     parser.add_argument("--no-router", action="store_true",
                         help="skip the sglang-router column (it runs when sglang_router is installed)")
     parser.add_argument("--profile", metavar="DIR", default=None,
@@ -204,13 +207,14 @@ class Harness:
         self.gateway_port = _free_port()
         upstream_url = f"http://127.0.0.1:{self.upstream_port}"
         config = self.workdir / "gateway.yaml"
-        counting = bool(getattr(self.args, "callgrind", None))
+        counting = bool(getattr(self.args, "callgrind", None) or getattr(self.args, "cprofile", None))
         config.write_text(json.dumps({  # JSON is YAML
             "listen": {"host": "127.0.0.1", "port": self.gateway_port},
             "backends": {"mtp": {"url": upstream_url}, "plain": {"url": upstream_url}},
             "routing": {"policy": "crossover", "crossover": 100000},
             # Counting instructions: one probe round at start, none that the wall time scales.
             "monitor": {"interval_s": 3600.0 if counting else 1.0},
+            **json.loads(getattr(self.args, "gateway_config", None) or "{}"),
         }, indent=2))
         log = open(self.gateway_log, "w")  # noqa: SIM115 - closed with the process
         serve = ["serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(self.gateway_port),
@@ -224,8 +228,11 @@ class Harness:
         else:
             command = [sys.executable, "-m", "gateway", *serve]
         root = Path(getattr(self.args, "gateway_root", None) or REPO_ROOT).resolve()
-        if counting:
+        if getattr(self.args, "callgrind", None):
             command = [*callgrind_prefix(Path(self.args.callgrind)), *command]
+        elif getattr(self.args, "cprofile", None):
+            command = [sys.executable, "-c", overhead_callgrind.cprofile_prelude(Path(self.args.cprofile)),
+                       *serve]
         self.gateway = subprocess.Popen(
             command,
             stdout=log, stderr=subprocess.STDOUT, cwd=root, env={**env, "PYTHONPATH": str(root)},
@@ -549,7 +556,7 @@ def run_sequential(args: argparse.Namespace, h: Harness, body_bytes: int, reques
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.callgrind:
+    if args.callgrind or args.cprofile:
         return overhead_callgrind.run(args, harness, machine_info, command_line)
     if args.quick:
         args.concurrency, args.lengths, args.duration = "32", "16", 3.0

@@ -26,6 +26,11 @@ the total per chunk (request cost included) is reported too.
 
 The monitor probes once at start (interval 3600 s), the router is not run, nothing else
 changes: the gateway is `python -m gateway serve` with the overhead benchmark's config.
+
+`--cprofile DIR` runs the same points with the gateway under cProfile instead (switched on and
+off by SIGUSR1 / SIGUSR2 around each point's work): exact Python calls per request, and which
+Python functions the time goes to (cProfile's own clock: shares, not costs). One pstats file
+per point in DIR.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -56,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ms between chunks reaching the gateway (upstream interval C x this)")
     parser.add_argument("--callgrind-idle-s", type=float, default=3.0,
                         help="idle window counted after each point, subtracted pro rata")
+    parser.add_argument("--cprofile", metavar="DIR", default=None,
+                        help="the same fixed work with the gateway under cProfile (Python calls per "
+                             "request and their shares); pstats files in DIR")
     parser.add_argument("--gateway-root", metavar="DIR", default=None,
                         help="run the gateway from this checkout (e.g. a git worktree of an older "
                              "commit); the harness stays this one")
@@ -108,8 +118,63 @@ class Counter:
         raise RuntimeError("callgrind wrote no dump")
 
 
+def cprofile_prelude(out_dir: Path) -> str:
+    """`python -c` code: the gateway, with cProfile on at SIGUSR1 and off + dumped at SIGUSR2."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return (
+        "import cProfile, itertools, runpy, signal, sys\n"
+        "state = {'profile': None, 'n': itertools.count(1)}\n"
+        "def on(*_):\n"
+        "    state['profile'] = cProfile.Profile(); state['profile'].enable()\n"
+        "def off(*_):\n"
+        "    profile = state['profile']; profile.disable()\n"
+        f"    profile.dump_stats(f'{out_dir.resolve()}/cprofile.{{next(state[\"n\"])}}.pstats')\n"
+        "signal.signal(signal.SIGUSR1, on); signal.signal(signal.SIGUSR2, off)\n"
+        "sys.argv = ['gateway', *sys.argv[1:]]\n"
+        "runpy.run_module('gateway', run_name='__main__')\n")
+
+
+class ProfileCounter:
+    """The cProfile switch of cprofile_prelude's gateway."""
+
+    def __init__(self, pid: int, out_dir: Path) -> None:
+        self.pid = pid
+        self.out_dir = out_dir
+
+    def start(self) -> None:
+        os.kill(self.pid, signal.SIGUSR1)
+        time.sleep(0.3)  # the handler runs on the loop's next wake-up
+
+    def stop(self) -> Path:
+        before = set(self.out_dir.glob("cprofile.*.pstats"))
+        os.kill(self.pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            new = set(self.out_dir.glob("cprofile.*.pstats")) - before
+            if new:
+                time.sleep(0.3)
+                return new.pop()
+            time.sleep(0.1)
+        raise RuntimeError("cProfile wrote no stats")
+
+
+def python_calls(path: Path, requests: int, top: int = 40) -> list[dict[str, Any]]:
+    """Per request: calls and own time of the Python functions cProfile saw, most time first."""
+    import pstats
+
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in stats.values()) or 1.0
+    rows = []
+    for (file, line, name), (_cc, ncalls, tottime, _cumtime, _callers) in stats.items():
+        short = file.split("site-packages/")[-1].split("/gateway/", 1)[-1] if "/" in file else file
+        rows.append({"function": f"{name} ({short}:{line})", "calls_per_request": ncalls / requests,
+                     "own_share": tottime / total})
+    rows.sort(key=lambda r: -r["own_share"])
+    return rows[:top]
+
+
 def fixed_work(h: Any, c: int, length: int, args: argparse.Namespace,
-               counter: Counter | None = None) -> tuple[dict[str, Any], Path | None]:
+               counter: Counter | ProfileCounter | None = None) -> tuple[dict[str, Any], Path | None]:
     """One fixed workload through the gateway; counted between WARM and its result when a
     counter is given."""
     rounds = max(1, math.ceil(args.callgrind_requests / c))
@@ -217,6 +282,8 @@ def run(args: argparse.Namespace, harness: Any, machine_info: Any, command_line:
     import datetime as dt
     import platform
 
+    if args.cprofile:
+        return run_cprofile(args, harness)
     out_dir = Path(args.callgrind)
     out_dir.mkdir(parents=True, exist_ok=True)
     valgrind = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
@@ -243,6 +310,36 @@ def run(args: argparse.Namespace, harness: Any, machine_info: Any, command_line:
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    return 1 if any(p["errors"] for p in points) else 0
+
+
+def run_cprofile(args: argparse.Namespace, harness: Any) -> int:
+    out_dir = Path(args.cprofile)
+    points = []
+    with harness(args) as h:
+        counter = ProfileCounter(h.gateway.pid, out_dir)
+        wanted = parse_points(args.callgrind_points)
+        fixed_work(h, *wanted[0], args)
+        for c, length in wanted:
+            result, dump = fixed_work(h, c, length, args, counter)
+            assert dump is not None
+            result.update(pstats=str(dump), python=python_calls(dump, result["requests"]))
+            points.append(result)
+    lines = []
+    for p in points:
+        calls = sum(r["calls_per_request"] for r in p["python"])
+        lines += [f"C={p['concurrency']} x {p['max_tokens']}: {p['requests']} streams, {p['pstats']} "
+                  f"(top {len(p['python'])}: {calls:,.0f} calls per request)", "",
+                  "| own share | calls per request | function |", "|---:|---:|---|"]
+        lines += [f"| {r['own_share'] * 100:.1f} % | {r['calls_per_request']:.2f} | `{r['function']}` |"
+                  for r in p["python"]]
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(points, indent=2) + "\n")
     if args.markdown:
         Path(args.markdown).write_text(text)
     return 1 if any(p["errors"] for p in points) else 0
