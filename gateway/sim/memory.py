@@ -74,6 +74,10 @@ class ModelConfig:
     # The MTP layer: attention (~0.08e9) + 256 experts x 3 x 3072 x 1024 (2.42e9) + fc/norms;
     # it shares the target's embeddings and lm_head (models/qwen3_5_mtp.py set_embed_and_head).
     draft_params: float = 2.52e9
+    # RoPE: partial_rotary_factor 0.25 of head_dim 256. Its cos/sin cache (context_len x
+    # rotary_dim, float32 at most) is the model's one sizeable named buffer, which a release
+    # clones on the GPU (see NAMED_BUFFER_CLONE below).
+    rotary_dim: int = 64
 
     @property
     def full_attention_layers(self) -> int:
@@ -105,6 +109,10 @@ class ModelConfig:
         ssm = (self.linear_num_value_heads // tp) * self.linear_value_head_dim * self.linear_key_head_dim
         return (conv + ssm * self.ssm_state_bytes) * self.linear_layers
 
+    def named_buffer_bytes(self) -> int:
+        """The model's named buffers on one GPU: the RoPE cos/sin cache, replicated per rank."""
+        return self.context_len * self.rotary_dim * 4
+
     def kv_bytes_per_token(self, tp: int, draft: bool) -> int:
         """K and V of one token on one GPU; KV heads are replicated when tp > heads."""
         heads = max(1, self.num_kv_heads // tp)
@@ -115,6 +123,39 @@ class ModelConfig:
 QWEN35_122B = ModelConfig()
 
 
+# --- what a server holds outside its static pool, per GPU (GiB) --------------------------------
+# Held before the server measures its free memory (parallel init comes first,
+# distributed/bootstrap.py:193-213), so never part of F, and kept while it is released:
+# - its CUDA context: the driver's per-process state on each GPU, ~0.5 GiB with lazy module
+#   loading on Hopper/Blackwell (an estimate; nvidia-smi shows it per process);
+CUDA_CONTEXT_GIB = 0.5
+# - NCCL communicators (TP, world and PP groups, their per-peer channel buffers) and the custom
+#   all-reduce: ~0.5 GiB together at TP 4 (an estimate), of which the custom all-reduce's own is
+#   3 x 8 MiB per GPU (device_communicators/custom_all_reduce.py:42 _MAX_CAR_SIZE; meta, IPC and
+#   rank_data buffers L106-119), cudaMalloc'd outside any memory-saver region.
+CUSTOM_ALL_REDUCE_GIB = 3 * 8 * (1 << 20) / GIB
+NCCL_AND_ALL_REDUCE_GIB = 0.5
+START_OVERHEAD_GIB = CUDA_CONTEXT_GIB + NCCL_AND_ALL_REDUCE_GIB
+# Taken after the static pool, while the server captures graphs and runs (estimates; measure
+# with nvidia-smi on real GPUs):
+# - CUDA graphs: the decode graphs' shared pool (and the MTP draft/verify graphs). Released with
+#   the tag "cuda_graph" only when the server started with SGLANG_MEMORY_SAVER_CUDA_GRAPH=1
+#   (runner_backend/full_cuda_graph_backend.py:121-124), backed up on the host then (L185-193);
+#   otherwise they stay on the GPU. That variable needs a prefill graph backend other than
+#   "breakable", the CUDA default, which refuses it at start
+#   (runner_backend/breakable_cuda_graph_backend.py:84-94): --cuda-graph-backend-prefill disabled;
+CUDA_GRAPHS_GIB = 2.0
+# - attention backend workspaces, logits and sampling buffers, graph input buffers: plain tensors
+#   allocated at start outside any memory-saver region, so a release keeps them;
+ATTENTION_AND_LOGITS_BUFFERS_GIB = 0.5
+# - activations: the PyTorch caching allocator's blocks of the forward passes (the chunked
+#   prefill's peak). A release gives them back: releasing "kv_cache" flushes the cache
+#   (managers/scheduler_components/weight_updater.py:365-366) with empty_cache
+#   (managers/scheduler.py:5518, 5533-5534).
+ACTIVATIONS_GIB = 2.5
+RUNTIME_OVERHEAD_GIB = CUDA_GRAPHS_GIB + ATTENTION_AND_LOGITS_BUFFERS_GIB + ACTIVATIONS_GIB
+
+
 @dataclass(frozen=True)
 class Hardware:
     """One node: ``gpus`` GPUs of ``gpu_gib`` as CUDA reports them, tensor parallel over all."""
@@ -123,15 +164,18 @@ class Hardware:
     label: str
     gpus: int
     gpu_gib: float
-    # Used before a server measures its free memory: CUDA context + NCCL communicators
-    # (SGLang measures after parallel init). About 1 GiB at TP 4; an estimate.
-    start_overhead_gib: float = 1.0
-    # What a started server holds beyond its static pool: CUDA graphs, activation cache,
-    # NCCL buffers. The second server of a pair sees the free memory after it. "A few GB per
-    # GPU at TP 4" (docker/README.md); an estimate to replace with nvidia-smi on real GPUs.
-    runtime_overhead_gib: float = 5.0
+    # Used before a server measures its free memory (SGLang measures after parallel init,
+    # bootstrap.py:193-213): its CUDA context and communicators, see START_OVERHEAD_GIB.
+    start_overhead_gib: float = START_OVERHEAD_GIB
+    # What a started server holds beyond its static pool: CUDA graphs, activations, attention
+    # and logits buffers, see RUNTIME_OVERHEAD_GIB. The second server of a split pair sees the
+    # free memory after it.
+    runtime_overhead_gib: float = RUNTIME_OVERHEAD_GIB
     # The compose split recommended for this hardware: (MEM_FRACTION_MTP, MEM_FRACTION_PLAIN).
     pair_fractions: tuple[float, float] = (0.45, 0.85)
+    # The turns shape (docker/compose.turns.yaml): (MEM_FRACTION_MTP, MEM_FRACTION_PLAIN), each
+    # server sized for the whole GPU less the parked one's leftovers; see size_turns.
+    turns_fractions: tuple[float, float] = (0.75, 0.873)
 
     @property
     def free_at_start_gib(self) -> float:
@@ -268,6 +312,129 @@ def size_single(role: str, hardware: Hardware, weights: str = PAIR_WEIGHTS,
     return size_server(launch_for(role, fraction, weights), hardware.free_at_start_gib, hardware, model)
 
 
+# --- the turns shape: the servers take turns owning the GPUs -----------------------------------
+#
+# With the memory saver (--enable-memory-saver, --enable-weights-cpu-backup) a server can be
+# parked: paused (a release needs an idle scheduler,
+# managers/scheduler_components/weight_updater.py:337-341), then its "kv_cache", "weights" and
+# "cuda_graph" regions released (the same file, L365-366, L368-374, L376-377). Started in this
+# order, each server is sized for the whole GPU less what the parked one still holds:
+#   1. the first server starts alone and sizes on F0 (mem_fraction_static applies to the memory
+#      free when it starts, bootstrap.py:193-223);
+#   2. it is parked, keeping only its leftovers (released_leftovers_gib);
+#   3. the second server measures F0 - leftovers of the first (held at the gate,
+#      --gated-launch-port, until then: bootstrap.py:200-202, gated_launch.py:92-95), sizes and
+#      runs; from then on the two take turns.
+# A server resumed while the other is parked needs its static pool and graphs back beside the
+# other's leftovers: for the first that is (1 - f) * F0 >= its runtime overhead + the second's
+# leftovers. A resume that does not fit never answers (memory-turns.md), so size_turns refuses
+# fractions that do not leave that room.
+
+# Which server starts first in the turns shape: plain, the one whose pool grows with memory, gets
+# the whole GPU; MTP (capped at 48 by speculation) starts second and holds the GPU when the
+# gateway comes up, which is the low-load side.
+TURNS_FIRST = "plain"
+
+
+def named_buffer_clone_gib(hardware: Hardware, model: ModelConfig = QWEN35_122B) -> float:
+    """What releasing "weights" leaves on the GPU: a clone of the model's named buffers.
+
+    weight_updater.py:368-374 stashes ``_export_static_state`` (L478-483:
+    ``buffer.detach().clone()`` for each of ``model.named_buffers()``) before pausing the
+    weights, outside any memory-saver region; it is freed only on resume (L396-403).
+    """
+    del hardware  # replicated on each rank, the same at any TP
+    return model.named_buffer_bytes() / GIB
+
+
+def released_leftovers_gib(hardware: Hardware, cuda_graphs_released: bool = True,
+                           model: ModelConfig = QWEN35_122B) -> dict[str, float]:
+    """What a parked (released) server still holds per GPU, by part (GiB)."""
+    held = {
+        "cuda context, NCCL and custom all-reduce": hardware.start_overhead_gib,
+        "attention and logits buffers": ATTENTION_AND_LOGITS_BUFFERS_GIB,
+        "named buffers' clone": named_buffer_clone_gib(hardware, model),
+    }
+    if not cuda_graphs_released:
+        held["CUDA graphs (no SGLANG_MEMORY_SAVER_CUDA_GRAPH=1)"] = CUDA_GRAPHS_GIB
+    return held
+
+
+@dataclass(frozen=True)
+class TurnsSizing:
+    """Both servers of a turns pair, each sized while the other was parked."""
+
+    first: str  # the role that started alone on the empty GPUs
+    servers: dict[str, Sizing]
+    leftovers_gib: dict[str, float]  # per role: what it holds per GPU while parked
+    resume_margin_gib: dict[str, float]  # per role: GPU memory to spare while it runs
+    host_gib: float  # host memory for the retained copies, whole node (all GPUs)
+
+
+def turns_leftover_total(hardware: Hardware, cuda_graphs_released: bool,
+                         model: ModelConfig = QWEN35_122B) -> float:
+    return sum(released_leftovers_gib(hardware, cuda_graphs_released, model).values())
+
+
+def size_turns(hardware: Hardware, fractions: tuple[float, float] | None = None,
+               weights: str = PAIR_WEIGHTS, first: str = TURNS_FIRST,
+               cuda_graphs_released: bool = True, model: ModelConfig = QWEN35_122B) -> TurnsSizing:
+    """The turns pair: ``first`` sizes on the empty GPU, is parked, the other sizes on the rest.
+
+    ``fractions`` is ``(MEM_FRACTION_MTP, MEM_FRACTION_PLAIN)`` as for size_pair. Raises
+    ValueError when a server, resumed beside the other's leftovers, would not fit.
+    """
+    if first not in ("mtp", "plain"):
+        raise ValueError(f"unknown first server {first!r} (mtp or plain)")
+    second = "plain" if first == "mtp" else "mtp"
+    fraction = dict(zip(("mtp", "plain"), fractions or hardware.turns_fractions, strict=True))
+    leftover = turns_leftover_total(hardware, cuda_graphs_released, model)
+    free = {first: hardware.free_at_start_gib, second: hardware.free_at_start_gib - leftover}
+    servers = {role: size_server(launch_for(role, fraction[role], weights), free[role], hardware, model)
+               for role in (first, second)}
+    margin = {role: hardware.gpu_gib - (hardware.start_overhead_gib + servers[role].static_gib
+                                        + hardware.runtime_overhead_gib + leftover)
+              for role in servers}
+    for role, spare in margin.items():
+        if spare < 0:
+            other = second if role == first else first
+            raise ValueError(
+                f"unsafe turns fractions: the {role} server (--mem-fraction-static="
+                f"{fraction[role]}, {servers[role].static_gib:.1f} GiB static of "
+                f"{servers[role].free_gib:.1f} GiB free) needs {-spare:.1f} GiB more per GPU to "
+                f"resume beside the parked {other} server's {leftover:.1f} GiB and its own "
+                f"{hardware.runtime_overhead_gib:.1f} GiB of graphs and activations; a resume "
+                f"that does not fit never answers. Lower its fraction.")
+    host = turns_host_gib(hardware, weights, cuda_graphs_released, model)
+    return TurnsSizing(first=first, servers=servers, leftovers_gib={r: leftover for r in servers},
+                       resume_margin_gib=margin, host_gib=host)
+
+
+def turns_host_gib(hardware: Hardware, weights: str = PAIR_WEIGHTS, cuda_graphs_released: bool = True,
+                   model: ModelConfig = QWEN35_122B) -> float:
+    """Host memory the retained copies take on one node, both servers, all GPUs (GiB).
+
+    Each server keeps one host copy of its weights (target and draft:
+    --enable-weights-cpu-backup covers both, model_runner_components/load_model_utils.py:307-309)
+    from its first pause on, with TMS_RETAIN_CPU_BACKUP=1; pausable CUDA graphs are backed up
+    too (full_cuda_graph_backend.py:185-193, enable_cpu_backup=True). The KV cache is dropped,
+    not copied.
+    """
+    per_gpu = sum(size_server_weights_gib(role, hardware, weights, model) for role in ("mtp", "plain"))
+    if cuda_graphs_released:
+        per_gpu += 2 * CUDA_GRAPHS_GIB
+    return per_gpu * hardware.gpus
+
+
+def size_server_weights_gib(role: str, hardware: Hardware, weights: str = PAIR_WEIGHTS,
+                            model: ModelConfig = QWEN35_122B) -> float:
+    """One server's weights on one GPU (target, and the draft for MTP)."""
+    total = model.weight_bytes(weights)
+    if role != "plain":
+        total += model.draft_weight_bytes(weights)
+    return total / hardware.gpus / GIB
+
+
 def with_sizing(profile, sizing: Sizing):
     """A simulator profile with the caps and cache a memory sizing gives it."""
     return replace(profile, mamba_slots=sizing.mamba_slots, mamba_slots_per_request=MAMBA_SLOTS_PER_REQUEST,
@@ -282,9 +449,10 @@ def _gb(x: float) -> str:
 
 
 def sizing_table(hardware_names: tuple[str, ...] = ("rtx-pro-6000", "h200")) -> str:
-    """The pair's sizing per GPU, and the single servers it is compared with, as Markdown."""
+    """Both shapes' sizing per GPU (split, turns) and the single servers, as Markdown."""
     hws = [HARDWARE[n] for n in hardware_names]
     pairs = [size_pair(hw) for hw in hws]
+    turns = [size_turns(hw) for hw in hws]
     singles = [{role: size_single(role, hw) for role in ("plain", "mtp")} for hw in hws]
 
     def row(label: str, cells: list[str]) -> str:
@@ -292,7 +460,7 @@ def sizing_table(hardware_names: tuple[str, ...] = ("rtx-pro-6000", "h200")) -> 
 
     lines = [row("per GPU, FP8, TP 4", [hw.label for hw in hws]), "|---|" + "---|" * len(hws)]
     lines.append(row("free at first start `F0`", [f"{hw.free_at_start_gib:.1f} GiB" for hw in hws]))
-    lines.append(row("`MEM_FRACTION_MTP`", [
+    lines.append(row("**split** (`compose.yaml`): `MEM_FRACTION_MTP`, MTP started first", [
         f"{hw.pair_fractions[0]} → {_gb(p['mtp'].static_gib)} GiB static: weights + draft "
         f"{_gb(p['mtp'].weights_gib)}, pools {_gb(p['mtp'].pool_gib)}"
         for hw, p in zip(hws, pairs, strict=True)]))
@@ -309,6 +477,7 @@ def sizing_table(hardware_names: tuple[str, ...] = ("rtx-pro-6000", "h200")) -> 
     lines.append(row("plain server: Mamba slots / running cap / KV tokens", [
         f"{p['plain'].mamba_slots} / **{p['plain'].max_running}** / {p['plain'].kv_tokens:,}"
         for p in pairs]))
+    lines.extend(_turns_rows(hws, turns, row))
     for role, fraction_note in (("plain", "plain"), ("mtp", "MTP")):
         lines.append(row(f"for comparison: one {fraction_note} server owning the GPU "
                          f"(fraction {SINGLE_FRACTIONS[role]}): pools / running cap / KV tokens", [
@@ -316,6 +485,45 @@ def sizing_table(hardware_names: tuple[str, ...] = ("rtx-pro-6000", "h200")) -> 
                              f"{s[role].kv_tokens:,}"
                              for s in singles]))
     return "\n".join(lines)
+
+
+def _turns_rows(hws: list[Hardware], turns: list[TurnsSizing], row) -> list[str]:
+    first = turns[0].first
+    second = "mtp" if first == "plain" else "plain"
+    name = {"mtp": "MTP", "plain": "plain"}
+    variable = {"mtp": "MEM_FRACTION_MTP", "plain": "MEM_FRACTION_PLAIN"}
+    draft = {"mtp": "weights + draft", "plain": "weights"}
+
+    def static(role: str) -> list[str]:
+        return [f"{fraction} of {_gb(t.servers[role].free_gib)} → {_gb(t.servers[role].static_gib)} GiB "
+                f"static: {draft[role]} {_gb(t.servers[role].weights_gib)}, pools "
+                f"{_gb(t.servers[role].pool_gib)}"
+                for hw, t in zip(hws, turns, strict=True)
+                for fraction in [dict(zip(("mtp", "plain"), hw.turns_fractions, strict=True))[role]]]
+
+    def caps(role: str) -> list[str]:
+        return [f"{s.mamba_slots} / **{s.max_running}**"
+                + (f" (of {s.resolved_max_running})" if role == "mtp" else "") + f" / {s.kv_tokens:,}"
+                for t in turns for s in [t.servers[role]]]
+
+    leftovers = released_leftovers_gib(hws[0])
+    parts = "; ".join(f"{part} {value:.2f}" for part, value in leftovers.items())
+    return [
+        row(f"**turns** (`compose.turns.yaml`): `{variable[first]}`, {name[first]} started first "
+            "on `F0`", static(first)),
+        row(f"{name[first]} server: Mamba slots / running cap / KV tokens", caps(first)),
+        row(f"a parked server still holds ({parts} GiB; graphs released with "
+            "`SGLANG_MEMORY_SAVER_CUDA_GRAPH=1`)",
+            [f"{_gb(t.leftovers_gib[first])} GiB" for t in turns]),
+        row(f"`{variable[second]}`, {name[second]} started on `F0` − the parked {name[first]}'s "
+            "leftovers", static(second)),
+        row(f"{name[second]} server: Mamba slots / running cap / KV tokens", caps(second)),
+        row(f"spare while running beside the other's leftovers ({name[first]} / {name[second]}; "
+            "must stay ≥ 0)", [f"{_gb(t.resume_margin_gib[first])} / {_gb(t.resume_margin_gib[second])} GiB"
+                               for t in turns]),
+        row("host memory for the retained copies (both servers' weights + graphs, whole node)",
+            [f"{t.host_gib:.0f} GiB" for t in turns]),
+    ]
 
 
 TABLE_BEGIN = "<!-- sizing table: generated by `python -m gateway.sim.memory`, do not edit -->"

@@ -1,5 +1,6 @@
 """The memory model: capacities from GPU memory, weights and SGLang 0.5.23's sizing."""
 
+import os
 import re
 from pathlib import Path
 
@@ -84,3 +85,131 @@ def test_docker_readme_table_is_the_generated_one():
     start, end = readme.index(memory.TABLE_BEGIN), readme.index(memory.TABLE_END)
     written = readme[start + len(memory.TABLE_BEGIN):end].strip()
     assert written == memory.sizing_table(), "regenerate with `python -m gateway.sim.memory`"
+
+
+# --- the turns shape --------------------------------------------------------------------------
+
+def test_turns_second_server_sizes_on_the_gpu_less_the_parked_ones_leftovers():
+    turns = memory.size_turns(RTX)
+    assert turns.first == "plain"
+    parked = sum(memory.released_leftovers_gib(RTX).values())
+    assert turns.servers["plain"].free_gib == pytest.approx(RTX.free_at_start_gib)
+    assert turns.servers["mtp"].free_gib == pytest.approx(RTX.free_at_start_gib - parked)
+    # each is sized like a server owning the GPU, not like its split twin
+    assert turns.servers["plain"].max_running == size_single("plain", RTX).max_running
+    assert turns.servers["plain"].max_running > 4 * size_pair(RTX)["plain"].max_running
+    assert turns.servers["mtp"].max_running == 48 > size_pair(RTX)["mtp"].max_running
+    # started second, MTP has a little less than alone: the plain server's leftovers
+    assert turns.servers["mtp"].kv_tokens < size_single("mtp", RTX).kv_tokens
+    mtp_first = memory.size_turns(RTX, first="mtp")
+    assert mtp_first.servers["plain"].kv_tokens < turns.servers["plain"].kv_tokens
+
+
+def test_graphs_kept_by_a_parked_server_without_the_cuda_graph_saver():
+    released = memory.released_leftovers_gib(RTX, cuda_graphs_released=True)
+    kept = memory.released_leftovers_gib(RTX, cuda_graphs_released=False)
+    assert sum(kept.values()) - sum(released.values()) == pytest.approx(memory.CUDA_GRAPHS_GIB)
+    with_graphs = memory.size_turns(RTX, cuda_graphs_released=False)
+    assert with_graphs.servers["mtp"].kv_tokens < memory.size_turns(RTX).servers["mtp"].kv_tokens
+    # the graphs stay on the GPU, not in host memory
+    graphs_on_host = 2 * RTX.gpus * memory.CUDA_GRAPHS_GIB
+    assert with_graphs.host_gib == pytest.approx(memory.size_turns(RTX).host_gib - graphs_on_host)
+
+
+def test_turns_headroom_must_cover_the_other_servers_leftovers():
+    parked = sum(memory.released_leftovers_gib(RTX).values())
+    # plain first at 0.94: alone it keeps 5.7 GiB for its 5 GiB of graphs and activations and
+    # starts fine; beside the parked MTP server's leftovers a resume would not fit.
+    assert (1 - 0.94) * RTX.free_at_start_gib > RTX.runtime_overhead_gib
+    assert (1 - 0.94) * RTX.free_at_start_gib < RTX.runtime_overhead_gib + parked
+    size_single("plain", RTX, fraction=0.94)
+    with pytest.raises(ValueError, match="unsafe turns fractions: the plain server"):
+        memory.size_turns(RTX, fractions=(0.75, 0.94))
+    with pytest.raises(ValueError, match="unsafe turns fractions: the mtp server"):
+        memory.size_turns(RTX, fractions=(0.97, 0.873))
+    for hw in (RTX, H200):
+        margins = memory.size_turns(hw).resume_margin_gib
+        assert min(margins.values()) > 0
+        first = memory.size_turns(hw)
+        expected = (1 - hw.turns_fractions[1]) * hw.free_at_start_gib - hw.runtime_overhead_gib - parked
+        assert first.resume_margin_gib["plain"] == pytest.approx(expected)
+
+
+def test_turns_host_memory_is_one_retained_copy_of_each_servers_weights():
+    turns = memory.size_turns(RTX)
+    weights = turns.servers["plain"].weights_gib + turns.servers["mtp"].weights_gib
+    assert turns.host_gib == pytest.approx(4 * (weights + 2 * memory.CUDA_GRAPHS_GIB))
+    with pytest.raises(ValueError, match="unknown first server"):
+        memory.size_turns(RTX, first="both")
+
+
+SOURCE_LINES = ROOT / "tests" / "data" / "sglang_0.5.23_memory_saver_lines.txt"
+
+
+def source_excerpts() -> dict[str, str]:
+    excerpts: dict[str, str] = {}
+    ref = None
+    for line in SOURCE_LINES.read_text().splitlines():
+        if line.startswith("== "):
+            ref = line[3:]
+            excerpts[ref] = ""
+        elif ref is not None:
+            excerpts[ref] += line + "\n"
+    return excerpts
+
+
+def test_leftover_constants_follow_the_source_lines():
+    lines = source_excerpts()
+    max_car = re.search(r"_MAX_CAR_SIZE = (\d+) \* (\d+)",
+                        lines["distributed/device_communicators/custom_all_reduce.py:42"])
+    # meta (+ max_size), IPC buffer and rank_data: three buffers of max_size
+    allocations = lines["distributed/device_communicators/custom_all_reduce.py:106-119"]
+    assert allocations.count("max_size") == 3
+    assert memory.CUSTOM_ALL_REDUCE_GIB == pytest.approx(
+        3 * int(max_car.group(1)) * int(max_car.group(2)) / memory.GIB)
+    assert memory.CUSTOM_ALL_REDUCE_GIB < memory.NCCL_AND_ALL_REDUCE_GIB
+    # graphs pause only with the env var; breakable graphs refuse it; pausable graphs are backed up
+    assert 'SGLANG_MEMORY_SAVER_CUDA_GRAPH' in lines[
+        "model_executor/runner_backend/full_cuda_graph_backend.py:121-124"]
+    assert "not compatible with memory saver" in lines[
+        "model_executor/runner_backend/breakable_cuda_graph_backend.py:84-94"]
+    assert "enable_cpu_backup=True" in lines[
+        "model_executor/runner_backend/full_cuda_graph_backend.py:185-193"]
+    # the named buffers' clone stays on the GPU until resume
+    assert "buffer.detach().clone()" in lines["managers/scheduler_components/weight_updater.py:478-483"]
+    assert "del self.stashed_model_static_state" in lines[
+        "managers/scheduler_components/weight_updater.py:396-403"]
+    assert memory.named_buffer_clone_gib(RTX) == pytest.approx(262_144 * 64 * 4 / memory.GIB)
+    # activations are not leftovers: releasing the KV cache flushes with empty_cache
+    assert "self.flush_cache()" in lines["managers/scheduler_components/weight_updater.py:365-366"]
+    assert "empty_cache: bool = True" in lines["managers/scheduler.py:5518"]
+    assert "activations" not in " ".join(memory.released_leftovers_gib(RTX))
+    # the draft worker's weights are backed up by --enable-weights-cpu-backup too
+    assert "enable_weights_cpu_backup or" in lines[
+        "model_executor/model_runner_components/load_model_utils.py:307-309"]
+    # the second server measures after the gate: the first one's release is seen
+    gate = lines["distributed/bootstrap.py:193-223"]
+    assert gate.index("maybe_wait_for_gated_launch") < gate.index("pre_model_load_memory = ")
+    assert memory.RUNTIME_OVERHEAD_GIB == RTX.runtime_overhead_gib
+    assert memory.START_OVERHEAD_GIB == RTX.start_overhead_gib
+
+
+def test_every_source_line_is_cited_by_the_sizing_code():
+    code = (ROOT / "gateway" / "sim" / "memory.py").read_text()
+    for ref in source_excerpts():
+        path, lines = ref.split(":")
+        name = path.rsplit("/", 1)[-1]
+        assert f"{name}:" in code, ref
+        assert any(f"{sep}{lines}" in code for sep in (":", " L", "(L", ", ")), ref
+
+
+SGLANG_SRT = Path(os.environ.get("SGLANG_SRT", "/work/sglang-src/src/sglang/srt"))
+
+
+@pytest.mark.skipif(not SGLANG_SRT.is_dir(), reason="SGLang 0.5.23's source is not unpacked here")
+def test_source_excerpts_are_sglang_0_5_23():
+    for ref, text in source_excerpts().items():
+        path, lines = ref.split(":")
+        first, _, last = lines.partition("-")
+        source = (SGLANG_SRT / path).read_text().splitlines()
+        assert "\n".join(source[int(first) - 1:int(last or first)]) + "\n" == text, ref
