@@ -21,6 +21,7 @@ class Admin:
         self.live = context.live
         self.faults = context.faults
         self.profile = context.profile
+        self.saver = context.saver
 
     def routes(self) -> list[Route]:
         return [
@@ -67,4 +68,18 @@ class Admin:
             "generated_tokens": engine.stats.generated_tokens,
             "avg_spec_accept_length": engine.stats.avg_spec_accept_length,
             "speed": self.live.speed,
+            "memory": self._memory(),
         })  # fmt: skip
+
+    def _memory(self) -> dict[str, object]:
+        """The memory saver, sim-only (SGLang shows none of this): paused, released tags, this
+        server's and the shared device's memory per GPU, requests waiting in the tokenizer."""
+        engine, device = self.live.engine, self.saver.device
+        return {**self.saver.state.view(), "held_gib": round(device.holding(self.identity.name), 3),
+                "device_free_gib": _finite(device.free_gib), "num_held_requests": self.live.num_held,
+                "retracted_requests": engine.stats.retracted_requests,
+                "reprefill_tokens": engine.stats.reprefill_tokens}  # fmt: skip
+
+
+def _finite(value: float) -> float | None:
+    return None if value == float("inf") else round(value, 3)

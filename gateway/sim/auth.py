@@ -9,13 +9,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.sim.replies import json_response
 
 OPEN_PATHS = ("/health", "/ready", "/metrics")  # never need the API key, as in SGLang
-ADMIN_OPTIONAL_PATHS = frozenset({"/abort_request"})  # of the routes the simulator has
+# AuthLevel.ADMIN_OPTIONAL, of the routes the simulator has: /abort_request (http_server.py:1722)
+# and the memory saver's four (:1576, :1588, :1832, :1845).
+ADMIN_OPTIONAL_PATHS = frozenset({"/abort_request", "/pause_generation", "/continue_generation",
+                                  "/release_memory_occupation", "/resume_memory_occupation"})  # fmt: skip
 
 
 class ApiKeyMiddleware:
     """``--api-key`` and ``--admin-api-key`` (utils/auth.py:decide_request_auth): health,
-    readiness and metrics are open; /abort_request (AuthLevel.ADMIN_OPTIONAL,
-    http_server.py:1722) takes the admin key when one is set, else the API key, else nothing;
+    readiness and metrics are open; /abort_request and the memory saver's endpoints
+    (AuthLevel.ADMIN_OPTIONAL) take the admin key when one is set, else the API key, else nothing;
     every other route the API key when set. A refusal is 401 ``{"error": "Unauthorized"}``
     (pure ASGI, so client disconnects still reach the app)."""
 

@@ -14,6 +14,7 @@ import sys
 
 from gateway.sim.faults import Faults
 from gateway.sim.profile import load_profiles
+from gateway.sim.saver import SaverOptions
 from gateway.sim.server import SimOptions, SimPair, start_sim_pair
 from gateway.speed import add_speed_argument
 
@@ -40,6 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep /v1/responses for previous_response_id and GET (SGLang: off)")
     parser.add_argument("--enable-request-header-overrides", action="store_true",
                         help="read x-override-rid, as SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1")
+    saver = parser.add_argument_group("memory saver (SGLang's flags and environment, both servers)")
+    saver.add_argument("--enable-memory-saver", action="store_true",
+                       help="as SGLang: release/resume move memory (else they only check and flush)")
+    saver.add_argument("--enable-weights-cpu-backup", action="store_true",
+                       help="keep a host copy of the weights (target and draft) across a release")
+    saver.add_argument("--enable-draft-weights-cpu-backup", action="store_true",
+                       help="keep a host copy of the draft weights only")
+    saver.add_argument("--memory-saver-cuda-graph", action="store_true",
+                       help="as SGLANG_MEMORY_SAVER_CUDA_GRAPH=1: the CUDA graphs are released too")
+    saver.add_argument("--retain-cpu-backup", action="store_true",
+                       help="as TMS_RETAIN_CPU_BACKUP=1: keep the host copy after a resume")
     for name in ("mtp", "plain"):
         parser.add_argument(
             f"--{name}-faults", metavar="JSON", type=_faults,
@@ -68,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         speed=args.speed, seed=args.seed, shared_device=args.shared_device,
         api_key=args.api_key, faults=faults, admin_api_key=args.admin_api_key,
         max_queued_requests=args.max_queued_requests, enable_response_store=args.enable_response_store,
-        request_header_overrides=args.enable_request_header_overrides,
+        request_header_overrides=args.enable_request_header_overrides, saver=_saver_options(args),
     )  # fmt: skip
     try:
         asyncio.run(_serve(options))
@@ -76,6 +88,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"sim: cannot listen: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _saver_options(args: argparse.Namespace) -> SaverOptions | None:
+    """The memory saver's flags given on the command line, or None (the memory shape's own)."""
+    flags = ("enable_memory_saver", "enable_weights_cpu_backup", "enable_draft_weights_cpu_backup",
+             "memory_saver_cuda_graph", "retain_cpu_backup")  # fmt: skip
+    if not any(getattr(args, flag, False) for flag in flags):
+        return None
+    return SaverOptions(enable_memory_saver=args.enable_memory_saver,
+                        weights_cpu_backup=args.enable_weights_cpu_backup,
+                        draft_weights_cpu_backup=args.enable_draft_weights_cpu_backup,
+                        cuda_graph_in_saver=args.memory_saver_cuda_graph,
+                        retain_cpu_backup=args.retain_cpu_backup)  # fmt: skip
 
 
 async def _serve(options: SimOptions) -> None:

@@ -11,6 +11,7 @@ from gateway.sim.live import LiveEngine
 from gateway.sim.metrics import SimMetrics
 from gateway.sim.profile import Profile
 from gateway.sim.responses_store import ResponsesStore
+from gateway.sim.saver import MemorySaver
 
 
 @dataclass
@@ -29,9 +30,13 @@ class ServerContext:
     live: LiveEngine
     faults: FaultState
     responses_store: ResponsesStore
+    saver: MemorySaver
     header_overrides: bool = False  # SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES: x-override-rid
     started: float = field(default_factory=time.time)
     metrics: SimMetrics = field(init=False)
+    # server_status: Up, or UnHealthy once a /health timed out (http_server.py:798) until one
+    # succeeds again (:784); /ready and /ping read it (tokenizer_manager.py:728-734).
+    healthy: bool = True
 
     def __post_init__(self) -> None:
         self.metrics = SimMetrics(self.live.engine, self.live.speed)

@@ -9,6 +9,12 @@ effective cap; a prefill step (chunked to ``chunked_prefill_size`` uncached toke
 request is being prefilled or can be admitted, which delays the decode of everything running;
 otherwise one decode step for the whole running batch. With speculation each request's decode
 step emits ``accepted drafts + 1`` tokens at once, as one SSE chunk does in SGLang.
+
+The memory saver's engine operations (gateway/sim/saver.py drives them): ``paused`` stops the
+steps (scheduler.py:2034, the event loop skips batches while ``_engine_paused``), ``retract``
+puts every admitted request back in the waiting queue, to be prefilled again (prompt and the
+tokens it generated) when it is admitted next (scheduler.py:5848-5919), ``flush_cache`` empties
+the prefix cache (a release of the KV cache, weight_updater.py:365-366).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class _Seq:
     generated: int = 0
     abort_at_step_end: bool = False
     gone: bool = False  # aborted while a step that contains it was running
+    retracted: bool = False  # back in the queue after running: its next prefill re-computes it all
 
 
 @dataclass(eq=False)
@@ -119,6 +126,8 @@ class EngineStats:
     spec_accepted_drafts: int = 0
     spec_proposed_drafts: int = 0
     peak_running: int = 0
+    retracted_requests: int = 0  # times a running request was put back in the queue
+    reprefill_tokens: int = 0  # prompt + generated tokens computed again after a retract
     recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
 
     @property
@@ -154,6 +163,10 @@ class Engine:
         self._by_rid: dict[str, _Seq] = {}
         self._adaptive = (AdaptiveSteps(profile.num_steps, profile.effective_max_running)
                           if profile.adaptive else None)
+        self.paused = False  # the scheduler is paused (pause_generation retract / in_place)
+        # The draft model's weights came back as garbage (released without a host copy): every
+        # draft is rejected, the accept length falls to 1.0 without an error (sglang #31674).
+        self.drafts_broken = False
 
     # --- state -------------------------------------------------------------------------
 
@@ -239,7 +252,9 @@ class Engine:
     # --- steps -------------------------------------------------------------------------
 
     def begin_step(self) -> Step | None:
-        """Plan the next step, or None when there is nothing to do."""
+        """Plan the next step, or None when there is nothing to do (or the engine is paused)."""
+        if self.paused:
+            return None
         aborting = [s for s in self._prefilling + self._running if s.abort_at_step_end]
         step = self._plan_prefill() or self._plan_decode()
         if step is not None:
@@ -269,11 +284,49 @@ class Engine:
 
     def _admit(self, seq: _Seq) -> None:
         prompt = seq.request.prompt
+        if seq.retracted:
+            # Prompt + generated tokens from scratch, less what the prefix cache still has of the
+            # prompt (the generated tokens' KV was freed by the retract).
+            total = len(prompt) + seq.generated
+            seq.uncached = total - min(self._cache.match(prompt), total - 1)
+            self.stats.reprefill_tokens += seq.uncached
+            self._prefilling.append(seq)
+            return
         cached = min(self._cache.match(prompt), len(prompt) - 1)  # the last token is always computed
         seq.uncached = len(prompt) - cached
         self.stats.prompt_tokens += len(prompt)
         self.stats.cached_tokens += cached
         self._prefilling.append(seq)
+
+    # --- the memory saver's operations -------------------------------------------------
+
+    def retract(self) -> list[str]:
+        """``pause_generation`` in retract mode (scheduler.py:5848-5919): every admitted request
+        (decoding, or part way through its prefill) goes back to the end of the waiting queue
+        and frees its KV; it keeps what it generated, and is prefilled again, prompt and
+        generated tokens, when admitted next. Returns their rids, in queue order."""
+        retracted = self._running + self._prefilling
+        for seq in retracted:
+            seq.retracted = True
+            seq.uncached = 0
+        self._running, self._prefilling = [], []
+        self._waiting.extend(retracted)
+        self.stats.retracted_requests += len(retracted)
+        return [seq.request.rid for seq in retracted]
+
+    def flush_cache(self) -> None:
+        """Empty the prefix cache (a release of the KV cache flushes the radix tree)."""
+        self._cache = PrefixCache(self.profile.prefix_cache_tokens)
+
+    @property
+    def is_fully_idle(self) -> bool:
+        """Nothing admitted, nothing queued (scheduler.py:5337 is_fully_idle)."""
+        return not self.has_work
+
+    @property
+    def only_queued(self) -> bool:
+        """Nothing admitted (queued requests hold no KV): is_fully_idle(ignore_waiting=True)."""
+        return not (self._running or self._prefilling)
 
     def _plan_decode(self) -> Step | None:
         if not self._running:
@@ -310,7 +363,8 @@ class Engine:
             self._cache.insert(seq.request.prompt)
             self._prefilling.remove(seq)
             self._running.append(seq)
-            outputs.append(self._emit(seq, 1, first=True))
+            # A retracted request's prefill samples its next token, not its first.
+            outputs.append(self._emit(seq, 1, first=not seq.retracted))
         return outputs
 
     def _finish_decode(self, step: Step) -> list[Output]:
@@ -331,7 +385,7 @@ class Engine:
     def _speculate(self, seq: _Seq, steps: int) -> int:
         """Drafts accepted until the first rejection, plus the target model's bonus token."""
         accepted = 0
-        while accepted < steps and self._rng.random() < seq.accept_prob:
+        while accepted < steps and not self.drafts_broken and self._rng.random() < seq.accept_prob:
             accepted += 1
         self.stats.spec_verify_ct += 1
         self.stats.spec_accepted_drafts += accepted

@@ -1,5 +1,5 @@
-"""/health (one generated token, 503 when failing or past SGLANG_HEALTH_CHECK_TIMEOUT) and
-/ready of a simulated server."""
+"""/health (one generated token, 503 when failing or past SGLANG_HEALTH_CHECK_TIMEOUT), /ready
+and /ping of a simulated server."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ HEALTH_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
 
 class Health:
     def __init__(self, context: ServerContext) -> None:
+        self.context = context
         self.live = context.live
         self.faults = context.faults
 
@@ -29,10 +30,13 @@ class Health:
             Route("/health", self.health, methods=get),
             Route("/health_generate", self.health, methods=get),
             Route("/ready", self.ready, methods=get),
+            Route("/ping", self.ping, methods=get),
         ]
 
     async def health(self, request: Request) -> Response:
-        """Like SGLang: generate one token, at least ~1 s (scaled); 503 when failing."""
+        """Like SGLang: generate one token, at least ~1 s (scaled); 503 when failing. Past the
+        20 s the server is marked unhealthy (http_server.py:779-798): a paused server's probe
+        waits in the tokenizer, so after 20 s of pause /health is 503 and /ready, /ping too."""
         scale = 1 / self.live.speed  # real seconds per simulated second
         if self.faults.failing:
             return Response(status_code=503)
@@ -41,7 +45,9 @@ class Health:
         try:
             ok, _ = await asyncio.wait_for(asyncio.gather(probe, floor), HEALTH_TIMEOUT_S * scale)
         except TimeoutError:
-            ok = False
+            self.context.healthy = ok = False
+        if ok:
+            self.context.healthy = True
         return Response(status_code=200 if ok else 503)
 
     async def _health_probe(self) -> bool:
@@ -57,4 +63,10 @@ class Health:
             self.live.abort(rid, exact=True)  # after a timeout, do not leave it running
 
     async def ready(self, request: Request) -> Response:
-        return Response(status_code=200)
+        """http_server.py:714-718: not paused and healthy (tokenizer_manager.py:732-734)."""
+        ready = self.context.healthy and not self.context.saver.state.tokenizer_paused
+        return Response(status_code=200 if ready else 503)
+
+    async def ping(self, request: Request) -> Response:
+        """SageMaker's /ping (http_server.py:2189-2199): healthy, paused or not."""
+        return Response(status_code=200 if self.context.healthy else 503)

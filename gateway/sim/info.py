@@ -3,6 +3,7 @@ the Prometheus /metrics, in SGLang 0.5.23's shapes."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -11,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.sim.clients import ClientGone, until_or_disconnect
 from gateway.sim.context import ServerContext
 from gateway.sim.replies import json_response
 
@@ -24,6 +26,7 @@ class Info:
         self.profile = context.profile
         self.metrics = context.metrics
         self.started = context.started
+        self.saver = context.saver
 
     def routes(self) -> list[Route]:
         get = ["GET"]
@@ -64,7 +67,15 @@ class Info:
         })  # fmt: skip
 
     async def server_info(self, request: Request) -> Response:
+        await self._scheduler_answers(request)
         return json_response(self.server_info_body())
+
+    async def _scheduler_answers(self, request: Request) -> None:
+        """/server_info and /v1/loads ask the scheduler (get_internal_state, get_loads): a hung
+        one never answers, and the handler waits until its client leaves."""
+        if self.saver.hung:
+            with contextlib.suppress(ClientGone):
+                await until_or_disconnect(self.saver.wait_gone(), request)
 
     def server_info_body(self) -> dict[str, Any]:
         p, engine = self.profile, self.live.engine
@@ -107,6 +118,7 @@ class Info:
         return command + "  # simulated by mtp-gateway sim"
 
     async def loads(self, request: Request) -> Response:
+        await self._scheduler_answers(request)
         engine, p = self.live.engine, self.profile
         load: dict[str, Any] = {
             "timestamp": time.time(), "dp_rank": 0,

@@ -6,6 +6,13 @@
         await pair.servers["plain"].set_faults(Faults(refuse_connections=True))
 
 Used by the tests, ``mtp-gateway demo`` and ``mtp-gateway sim``. Ports 0 mean OS-assigned.
+
+``SimOptions(memory="turns")`` starts the pair in SGLang's turns shape: both with the memory
+saver (``--enable-memory-saver``, weights' host copy, pausable graphs, retained host copies),
+each sized for the whole GPU; plain starts first and is parked (paused in abort mode, all its
+memory released), then MTP starts on what plain left and holds the GPU. The shared device keeps
+the ledger of who holds what; a server the memory saver kills stops answering as a crashed
+process does (``pair.servers[name].saver.dead``).
 """
 
 from __future__ import annotations
@@ -22,11 +29,22 @@ from pathlib import Path
 
 import uvicorn
 
+from gateway.sim import memory as sizing
 from gateway.sim.app import ServerIdentity, SimApp
 from gateway.sim.engine import Engine
 from gateway.sim.faults import Faults, FaultState
 from gateway.sim.live import Device, LiveEngine
-from gateway.sim.profile import Profile, load_profiles
+from gateway.sim.profile import Profile, load_profiles, packaged_timings
+from gateway.sim.saver import (
+    ALL_TAGS,
+    HOST_LINK_GBPS,
+    TURNS_FIRST,
+    Footprint,
+    MemorySaver,
+    SaverOptions,
+    footprint_of,
+    turns_sizings,
+)
 
 BACKENDS = ("mtp", "plain")
 
@@ -51,10 +69,40 @@ class SimOptions:
     request_header_overrides: bool = False
     faults: Mapping[str, Faults] = field(default_factory=dict)  # initial faults per backend
     log_level: str = "warning"
+    # "split": both resident, the memory shared (today's pair); "turns": one resident at a time.
+    memory: str = "split"
+    hardware: str = sizing.DEFAULT_HARDWARE  # sizes, device capacity and host link
+    # The memory saver's flags and environment (None: the shape's own, off for split, all on
+    # for turns as docker's turns deployment starts them).
+    saver: SaverOptions | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory not in ("split", "turns"):
+            raise ValueError(f"memory must be 'split' or 'turns', not {self.memory!r}")
+        if self.hardware not in sizing.HARDWARE:
+            raise ValueError(f"unknown hardware {self.hardware!r} ({', '.join(sizing.HARDWARE)})")
+
+    def resolved_saver(self) -> SaverOptions:
+        if self.saver is not None:
+            return self.saver
+        link = HOST_LINK_GBPS[self.hardware]
+        if self.memory == "split":
+            return SaverOptions(host_link_gbps=link)
+        return SaverOptions(enable_memory_saver=True, weights_cpu_backup=True, cuda_graph_in_saver=True,
+                            retain_cpu_backup=True, host_link_gbps=link)  # fmt: skip
+
+    def sizings(self) -> dict[str, sizing.Sizing]:
+        hardware = sizing.HARDWARE[self.hardware]
+        if self.memory == "turns":
+            return turns_sizings(hardware, self.resolved_saver())
+        return sizing.size_pair(hardware)
 
     def resolved_profiles(self) -> dict[str, Profile]:
-        if self.profiles is None or isinstance(self.profiles, str | Path):
-            profiles = load_profiles(self.profiles)
+        if self.profiles is None and self.memory == "turns":
+            timings, sizes = packaged_timings(), self.sizings()
+            profiles = {name: sizing.with_sizing(timings[name], sizes[name]) for name in BACKENDS}
+        elif self.profiles is None or isinstance(self.profiles, str | Path):
+            profiles = load_profiles(self.profiles, self.hardware)
         else:
             profiles = dict(self.profiles)
         if self.max_queued_requests is not None:
@@ -74,17 +122,22 @@ class _Server(uvicorn.Server):
 class SimServer:
     """One simulated SGLang server: engine driver, HTTP app, listening socket, faults."""
 
-    def __init__(self, name: str, profile: Profile, device: Device, options: SimOptions) -> None:
+    def __init__(self, name: str, profile: Profile, device: Device, options: SimOptions,
+                 footprint: Footprint | None = None) -> None:  # fmt: skip
         self.name = name
         self.faults = FaultState(on_refuse=self._on_refuse)
         engine = Engine(profile, random.Random(f"{options.seed}:{name}"))
         self.live = LiveEngine(engine, device, options.speed, self.faults)
+        if footprint is None:
+            hardware = sizing.HARDWARE[options.hardware]
+            footprint = footprint_of(name, options.sizings()[name], hardware)
+        self.saver = MemorySaver(name, self.live, device, footprint, options.resolved_saver(), self._die)
         port = options.mtp_port if name == "mtp" else options.plain_port
         self._host = options.host
         self._sock = _bind(options.host, port)
         self.port = self._sock.getsockname()[1]
         identity = ServerIdentity(name, options.host, self.port, options.seed)
-        self.app = SimApp(identity, self.live, self.faults, options.enable_response_store,
+        self.app = SimApp(identity, self.live, self.faults, self.saver, options.enable_response_store,
                           options.request_header_overrides)
         config = uvicorn.Config(
             self.app.build(options.api_key, options.admin_api_key), lifespan="off",
@@ -99,6 +152,7 @@ class SimServer:
         return f"http://{self._host}:{self.port}"
 
     async def start(self) -> None:
+        self.saver.occupy()
         self.live.start()
         self._task = asyncio.create_task(self._uvicorn.serve(sockets=[self._sock]))
         while not self._uvicorn.started:
@@ -108,6 +162,7 @@ class SimServer:
 
     async def stop(self) -> None:
         self.faults.close()
+        self.saver.close()
         await self.live.stop()
         self._uvicorn.should_exit = True
         if self._task is None:
@@ -121,16 +176,23 @@ class SimServer:
     async def clear_faults(self) -> None:
         await self.faults.clear()
 
+    async def park(self) -> None:
+        """Pause (abort) and release all memory: how a turns pair parks its first server."""
+        await self.saver.pause("abort")
+        await self.saver.release(ALL_TAGS)
+
+    def _die(self, cause: str) -> None:
+        """The process exited (the memory saver killed it): as the crash fault, for good."""
+        self._go_down()
+
     async def _on_refuse(self, refuse: bool) -> None:
         """Go down like a crashed backend (stop listening, drop every connection, lose every
         request), or come back on the same port like a restarted one."""
         if refuse:
-            for listener in self._uvicorn.servers:
-                listener.close()
-            for connection in list(self._uvicorn.server_state.connections):
-                connection.transport.close()  # type: ignore[attr-defined]
-            self.live.abort(abort_all=True)
+            self._go_down()
             return
+        if self.saver.dead:
+            return  # a dead process does not come back
         config = self._uvicorn.config
         protocol = functools.partial(
             config.http_protocol_class, config=config,
@@ -140,6 +202,14 @@ class SimServer:
             protocol, sock=_bind(self._host, self.port)
         )
         self._uvicorn.servers.append(listener)
+
+
+    def _go_down(self) -> None:
+        for listener in self._uvicorn.servers:
+            listener.close()
+        for connection in list(self._uvicorn.server_state.connections):
+            connection.transport.close()  # type: ignore[attr-defined]
+        self.live.abort(abort_all=True)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -165,15 +235,20 @@ async def start_sim_pair(options: SimOptions | None = None) -> AsyncIterator[Sim
     """Start both servers in the running loop; stop them (aborting what runs) on exit."""
     options = options or SimOptions()
     profiles = options.resolved_profiles()
-    shared = Device()
+    capacity = sizing.HARDWARE[options.hardware].gpu_gib if options.memory == "turns" else None
+    shared = Device(capacity)
     servers: dict[str, SimServer] = {}
     try:
         for name in BACKENDS:
-            device = shared if options.shared_device else Device()
+            device = shared if options.shared_device else Device(capacity)
             servers[name] = SimServer(name, profiles[name], device, options)
-        for name, server in servers.items():
+        order = [TURNS_FIRST, *(n for n in BACKENDS if n != TURNS_FIRST)] if capacity else list(BACKENDS)
+        for name in order:
+            server = servers[name]
             await server.start()
             await server.set_faults(options.faults.get(name, Faults()))
+            if capacity is not None and name == TURNS_FIRST:
+                await server.park()  # the next server measures its memory beside the parked one
         yield SimPair(servers)
     finally:
         await asyncio.gather(*(server.stop() for server in servers.values()))
