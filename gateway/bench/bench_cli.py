@@ -3,7 +3,10 @@
     mtp-gateway bench --url http://127.0.0.1:8000 --workload chat --json out.json --plot out.png
     mtp-gateway bench --compare mtp=http://:30001 plain=http://:30002 gateway=http://:8000
     mtp-gateway bench --sim --workload agentic --hardware h200
-        # the pair through the gateway vs one plain, one MTP and one adaptive server owning the GPUs
+        # the pair against one plain, one MTP and one adaptive server owning the GPUs (and,
+        # with --memory turns, the tuned single MTP servers)
+    mtp-gateway bench --sim --memory turns --schedule 4:600,64:600,16:600,128:600,2:600
+    mtp-gateway bench --sim --target pair-turns --turn-cost 0.5,1.5,5,15
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from gateway.bench import report
 from gateway.bench.levels import DEFAULT_LEVELS, LevelPlan, parse_levels, plan_levels
 from gateway.bench.progress import Progress
 from gateway.bench.stats import LevelResult
-from gateway.bench.targets import ALL_TARGETS, DEFAULT_TARGETS, POLICY_TARGETS
+from gateway.bench.targets import ALL_TARGETS, DEFAULT_MEMORY, POLICY_TARGETS, default_targets
 from gateway.bench.workloads import WORKLOADS, make_workload
 from gateway.config import ConfigError, Routing, build_routing
 from gateway.sim.memory import DEFAULT_HARDWARE, HARDWARE
@@ -64,8 +67,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     sim = parser.add_argument_group("--sim options")
     sim.add_argument("--target", action="append", choices=ALL_TARGETS,
-                     help="targets to run (repeatable; default: " + ", ".join(DEFAULT_TARGETS) + "): "
-                          "the pair through the gateway, and single servers owning the GPUs")
+                     help="targets to run (repeatable; default: the pair in the --memory shape, "
+                          "and single servers owning the GPUs: " + ", ".join(default_targets("turns")[1:])
+                          + "; with --memory split the tuned ones are left out)")
+    sim.add_argument("--memory", choices=("split", "turns"), default=DEFAULT_MEMORY,
+                     help="the pair's memory: split between its servers (target gateway), or the "
+                          "servers take turns owning it (target pair-turns; default %(default)s)")
+    sim.add_argument("--turn-cost", default="1.5", metavar="S[,S...]",
+                     help="seconds a turn costs (pause + release + resume + continue; default "
+                          "%(default)s, measured on an H200 with the host copy retained); several: "
+                          "each turns target once per cost, named TARGET@Ss")
+    sim.add_argument("--turns-crossover", type=int, metavar="N",
+                     help="the load at which the turns hand the memory to plain (default: "
+                          "calibrated on the workload: where plain alone overtakes MTP alone)")
+    sim.add_argument("--schedule", metavar="C:SECONDS,...",
+                     help="one run whose load changes: C clients for SECONDS, then the next "
+                          "(e.g. 4:600,64:600,16:600,128:600,2:600); replaces --concurrency")
     sim.add_argument("--policy", action="append", choices=tuple(POLICY_TARGETS),
                      help="the pair's servers under a policy (repeatable): crossover = gateway, "
                           "mtp-only = pair-mtp-only, plain-only = pair-plain-only")
@@ -94,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         levels = parse_levels(args.concurrency)
         make_workload(args.workload, args.seed, args.max_tokens)  # validate early
+        if args.sim and args.schedule:
+            return _run_schedule(args)
         if args.sim:
             results, meta = _run_sim(args, levels)
         else:
@@ -122,7 +141,7 @@ def _method(plans: list[LevelPlan]) -> str:
 
 
 def _run_sim(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, list[LevelResult]], dict]:
-    from gateway.bench.targets import build_targets, caps, run_target_sweep
+    from gateway.bench.targets import caps, run_target_sweep
     from gateway.config import load_settings
     from gateway.sim.profile import load_profiles
 
@@ -130,23 +149,101 @@ def _run_sim(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, lis
     routing = _routing_with(load_settings(config).routing, args.routing)
     pair = load_profiles(args.profiles, hardware=args.hardware)
     plans = _plans(args, levels, sim=True)
-    names = list(dict.fromkeys([*(args.target or []), *(POLICY_TARGETS[p] for p in args.policy or [])]))
-    targets = build_targets(names or DEFAULT_TARGETS, args.hardware, pair)
+    targets = _targets(args, pair)
     progress = Progress(enabled=not args.no_progress)
     progress.start("virtual sweep", len(plans) * len(targets))
+    turn_log: dict[str, list[list[Any]]] = {}
     results = run_target_sweep(lambda: make_workload(args.workload, args.seed, args.max_tokens), plans,
                                routing, targets, shared_device=not args.separate_devices, seed=args.seed,
                                progress=lambda *_: progress.advance(),
                                accept_drop=_accept_drop(args.accept_drop),
-                               carry_learning=args.carry_learning)
+                               carry_learning=args.carry_learning,
+                               workload_key=(args.workload, args.max_tokens), turn_log=turn_log)
     progress.finish()
     meta = {"mode": "virtual time (simulator, no HTTP)", "workload": args.workload,
             "method": _method(plans), "routing": routing.model_dump(mode="json"),
             "hardware": HARDWARE[args.hardware].label, "running_caps": caps(targets),
             "profiles": args.profiles or "packaged default", "shared_device": not args.separate_devices,
             "seed": args.seed, "max_tokens": args.max_tokens, "accept_drop": args.accept_drop,
-            "carry_learning": args.carry_learning}
+            "carry_learning": args.carry_learning, "memory": args.memory,
+            "turn_cost_s": args.turn_cost, "turns_crossover": _crossovers(targets, args, routing),
+            "turns": {name: [len(level) for level in levels] for name, levels in turn_log.items()}}
     return results, meta
+
+
+def _turn_costs(text: str) -> list[float]:
+    try:
+        costs = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ValueError(f"--turn-cost takes seconds separated by commas, got {text!r}") from exc
+    if not costs or any(c < 0 for c in costs):
+        raise ValueError("--turn-cost takes seconds >= 0")
+    return costs
+
+
+def _targets(args: argparse.Namespace, pair: Any) -> list[Any]:
+    """The targets asked for, each turns target once per --turn-cost."""
+    import dataclasses
+
+    from gateway.bench.targets import build_targets
+    from gateway.bench.turns_virtual import TurnModel
+
+    names = list(dict.fromkeys([*(args.target or []), *(POLICY_TARGETS[p] for p in args.policy or [])]))
+    names = names or list(default_targets(args.memory))
+    costs = _turn_costs(args.turn_cost)
+    built = [build_targets(names, args.hardware, pair,
+                           turn=TurnModel(cost_s=cost, crossover=args.turns_crossover)) for cost in costs]
+    targets = []
+    for i, target in enumerate(built[0]):
+        if target.turns is None:
+            targets.append(target)
+            continue
+        for cost, by_cost in zip(costs, built, strict=True):
+            name = target.name if len(costs) == 1 else f"{target.name}@{cost:g}s"
+            targets.append(dataclasses.replace(by_cost[i], name=name))
+    return targets
+
+
+def _crossovers(targets: list[Any], args: argparse.Namespace, routing: Routing) -> dict[str, int]:
+    from gateway.bench.targets import turns_crossover
+
+    factory = lambda: make_workload(args.workload, args.seed, args.max_tokens)  # noqa: E731
+    return {t.name: turns_crossover(t, factory, routing, seed=args.seed,
+                                    workload_key=(args.workload, args.max_tokens))
+            for t in targets if t.turns is not None}
+
+
+def _run_schedule(args: argparse.Namespace) -> int:
+    import json
+
+    from gateway.bench import schedule
+    from gateway.bench.turns_virtual import parse_schedule
+    from gateway.config import load_settings
+    from gateway.sim.profile import load_profiles
+
+    phases = parse_schedule(args.schedule)
+    config = args.config or ("config.yaml" if Path("config.yaml").exists() else None)
+    routing = _routing_with(load_settings(config).routing, args.routing)
+    targets = _targets(args, load_profiles(args.profiles, hardware=args.hardware))
+    progress = Progress(enabled=not args.no_progress)
+    progress.start("virtual schedule", len(targets))
+    results = schedule.run_schedule(lambda: make_workload(args.workload, args.seed, args.max_tokens),
+                                    phases, routing, targets, seed=args.seed,
+                                    workload_key=(args.workload, args.max_tokens),
+                                    progress=lambda _: progress.advance())
+    progress.finish()
+    print(f"## bench: {args.workload} workload, schedule {args.schedule}, virtual time\n")
+    print(f"Hardware: {HARDWARE[args.hardware].label}; turns crossover "
+          f"{_crossovers(targets, args, routing) or '–'}; turn cost {args.turn_cost} s.\n")
+    print(schedule.markdown(results, phases))
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "meta": {"command": "mtp-gateway bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+                     "schedule": args.schedule, "workload": args.workload,
+                     "hardware": HARDWARE[args.hardware].label, "turn_cost_s": args.turn_cost,
+                     "routing": routing.model_dump(mode="json")},
+            "results": [r.to_dict() for r in results]}, indent=2) + "\n", encoding="utf-8")
+    return 0
 
 
 def _routing_with(routing: Routing, overrides: list[str]) -> Routing:
@@ -202,10 +299,11 @@ def _output(args: argparse.Namespace, results: dict[str, list[LevelResult]], met
                          for t, cs in meta["running_caps"].items())
         print(f"Hardware: {meta['hardware']}, memory from gateway/sim/memory.py. Running caps: {caps}.\n")
     print(report.markdown_table(results))
-    rows = report.verdict(results)
-    if rows and len(results) > 1:
-        print("\nThe pair through the gateway against the best other target at each level:\n")
-        print(report.verdict_table(rows))
+    for pair in (t for t in results if report.is_pair(t)):
+        rows = report.verdict(results, pair)
+        if rows and len(results) > 1:
+            print(f"\nThe pair ({pair}) against the best single server at each level:\n")
+            print(report.verdict_table(rows, pair))
     if len(results) > 1:
         print("\nRatios against the best static target at each level (1.00 = as good as it):\n")
         print(report.ratios_table(report.ratios(results), list(results)))

@@ -13,6 +13,12 @@ from gateway.bench.stats import LevelResult
 GATEWAY_NAMES = ("gateway",)
 
 
+def is_pair(target: str) -> bool:
+    """The pair through the gateway (split memory, or taking turns: ``pair-turns*``), which
+    the single servers are compared with."""
+    return target in GATEWAY_NAMES or target.startswith("pair-turns")
+
+
 def _num(value: float, digits: int = 1) -> str:
     return "–" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
 
@@ -43,10 +49,10 @@ def markdown_table(results: Mapping[str, Sequence[LevelResult]]) -> str:
 def ratios(results: Mapping[str, Sequence[LevelResult]]) -> list[dict[str, Any]]:
     """Per level, each non-static target's figures over the best static target's.
 
-    Static targets are every target not named ``gateway``; with no gateway among the targets,
+    Static targets are every target that is not the pair (is_pair); with no pair among them,
     every target is compared with the best of all (the best one shows 1.00).
     """
-    statics = [t for t in results if t not in GATEWAY_NAMES] or list(results)
+    statics = [t for t in results if not is_pair(t)] or list(results)
     rows = []
     levels = sorted({r.concurrency for rs in results.values() for r in rs})
     by = {t: {r.concurrency: r for r in rs} for t, rs in results.items()}
@@ -122,7 +128,7 @@ def plot(path: str | Path, results: Mapping[str, Sequence[LevelResult]], title: 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for target, rows in results.items():
         xs = [r.concurrency for r in rows]
-        style = {"linewidth": 2.6, "zorder": 3} if target in GATEWAY_NAMES else {"linestyle": "--"}
+        style = {"linewidth": 2.6, "zorder": 3} if is_pair(target) else {"linestyle": "--"}
         per_request = [r.user_tps if with_queueing else r.per_request_tps for r in rows]
         left.plot(xs, per_request, marker="o", label=target, **style)
         right.plot(xs, [r.aggregate_tps for r in rows], marker="o", label=target, **style)
@@ -152,7 +158,7 @@ def verdict(results: Mapping[str, Sequence[LevelResult]], pair: str = "gateway")
     included) against the best of the other targets on each figure, and who that is."""
     if pair not in results:
         return []
-    others = [t for t in results if t != pair]
+    others = [t for t in results if not is_pair(t)]
     by = {t: {r.concurrency: r for r in rs} for t, rs in results.items()}
     rows = []
     for r in results[pair]:

@@ -7,6 +7,15 @@ otherwise run, each with the memory it would really have (gateway.sim.memory).
   ``--speculative-adaptive`` (SGLang 0.5.23's default tiers);
 - ``pair-mtp-only``, ``pair-plain-only``: the pair's own servers with a static policy (the old
   "mtp-only" / "plain-only" baselines; on request).
+- ``pair-turns``: the pair taking turns owning the memory (``gateway.bench.turns_virtual``),
+  each server sized for the whole GPU less the parked one's leftovers, its MTP server
+  ``--speculative-adaptive``; ``pair-turns-mtp`` the same with the pair's MTP flags (one draft
+  step); ``pair-turns-finish`` lets running streams finish first (bounded) instead of
+  continuing them on the incoming server;
+- ``single-mtp-tuned``, ``single-adaptive-tuned``: the strongest single MTP server a user
+  could tune with SGLang 0.5.23's flags: ``--max-running-requests 128``, the plain server's
+  ``--mem-fraction-static``, and ``--mamba-full-memory-ratio`` raised until the Mamba pool
+  holds 128 requests (cap = Mamba slots // 5 with extra_buffer, kv_cache_configurator.py:3136).
 
 A single server runs through the same virtual gateway with a static policy; the pair's other
 server is present but never receives a request, so it never takes a turn on the device.
@@ -14,22 +23,53 @@ server is present but never receives a request, so it never takes a turn on the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.adaptive import CrossoverEstimator
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import LevelResult, summarise
+from gateway.bench.turns_virtual import (
+    TurnModel,
+    TurnRecord,
+    calibrate_crossover,
+    run_virtual,
+    turns_routing,
+)
 from gateway.bench.virtual import routing_for, run_virtual_level
 from gateway.bench.workloads import Workload
 from gateway.config import Routing
 from gateway.sim import memory
-from gateway.sim.profile import Profile, pair_profiles, single_profile
+from gateway.sim.profile import Profile, adaptive_timing, packaged_timings, pair_profiles, single_profile
 
 SINGLE_TARGETS = ("single-plain", "single-mtp", "single-adaptive")
+TUNED_TARGETS = ("single-mtp-tuned", "single-adaptive-tuned")
+TURNS_TARGETS = ("pair-turns", "pair-turns-mtp", "pair-turns-finish")
+# The pair's target by memory shape; `bench --sim --memory` picks one.
+PAIR_TARGET = {"split": "gateway", "turns": "pair-turns"}
 DEFAULT_TARGETS = ("gateway", *SINGLE_TARGETS)
+DEFAULT_MEMORY = "turns"
+
+
+def default_targets(memory_shape: str) -> tuple[str, ...]:
+    """The pair in that memory shape and the single servers; with turns the tuned single MTP
+    servers too (the strongest single server is what turns must beat)."""
+    if memory_shape == "split":
+        return DEFAULT_TARGETS
+    return (PAIR_TARGET[memory_shape], *SINGLE_TARGETS, *TUNED_TARGETS)
 PAIR_STATIC_TARGETS = ("pair-mtp-only", "pair-plain-only")
-ALL_TARGETS = (*DEFAULT_TARGETS, *PAIR_STATIC_TARGETS)
+ALL_TARGETS = (*DEFAULT_TARGETS, *TUNED_TARGETS, *TURNS_TARGETS, *PAIR_STATIC_TARGETS)
+PAIR_TARGETS = ("gateway", *TURNS_TARGETS)  # compared with the single servers
+
+# What a parked (released) server still holds per GPU, when gateway.sim.memory does not say
+# (helper deploy's size_turns): CUDA context + NCCL + custom all-reduce 1.0 GiB, attention and
+# logits buffers 0.5, the named buffers' GPU clone 0.06, CUDA graphs released with
+# SGLANG_MEMORY_SAVER_CUDA_GRAPH=1 (memory-turns.md, weight_updater.py:374-377).
+TURNS_LEFTOVER_GIB = 1.56
+# The tuned single MTP server: what a user can raise with 0.5.23's flags.
+TUNED_MAX_RUNNING = 128
+TUNED_FRACTION = memory.SINGLE_FRACTIONS["plain"]
 # bench --policy (the pair's policies) keeps its meaning: the pair's servers.
 POLICY_TARGETS = {"crossover": "gateway", "mtp-only": "pair-mtp-only", "plain-only": "pair-plain-only"}
 
@@ -39,14 +79,64 @@ class SimTarget:
     name: str
     policy: str  # the routing policy that sends every request where this target runs it
     profiles: Mapping[str, Profile]  # the simulated servers (named as the router knows them)
+    turns: TurnModel | None = None  # the pair takes turns owning the memory
+
+
+def turns_leftover_gib(hardware: memory.Hardware) -> float:
+    leftover = getattr(memory, "turns_leftover_total", None)
+    return float(leftover(hardware, True)) if leftover is not None else TURNS_LEFTOVER_GIB
+
+
+def turns_profiles(hardware: str = memory.DEFAULT_HARDWARE, mtp_role: str = "adaptive",
+                   timings: Mapping[str, Profile] | None = None,
+                   weights: str = memory.PAIR_WEIGHTS) -> dict[str, Profile]:
+    """The turns pair: plain starts first on the empty GPUs and is parked, then MTP (``mtp`` or
+    ``adaptive``) sizes on what plain's leftovers leave (the start order of size_turns); each
+    with the fraction of a single server owning the GPUs."""
+    hw = memory.HARDWARE[hardware]
+    timings = timings or packaged_timings()
+    free = {"plain": hw.free_at_start_gib, "mtp": hw.free_at_start_gib - turns_leftover_gib(hw)}
+    sized = {}
+    for role, server in (("plain", "plain"), ("mtp", mtp_role)):
+        launch = memory.launch_for(server, memory.SINGLE_FRACTIONS[server], weights)
+        base = adaptive_timing(timings) if server == "adaptive" else timings[role]
+        sized[role] = memory.with_sizing(base, memory.size_server(launch, free[role], hw))
+    return sized
+
+
+def tuned_launch(role: str, hardware: memory.Hardware, weights: str = memory.PAIR_WEIGHTS,
+                 max_running: int = TUNED_MAX_RUNNING) -> memory.Launch:
+    """``--max-running-requests`` raised and the smallest ``--mamba-full-memory-ratio`` (by
+    tenths) whose Mamba pool runs that many; the largest cap within 10 if none does."""
+    base = dataclasses.replace(memory.launch_for(role, TUNED_FRACTION, weights),
+                               max_running_requests=max_running)
+    best = base
+    best_cap = 0
+    for tenths in range(9, 101):
+        launch = dataclasses.replace(base, mamba_full_memory_ratio=tenths / 10)
+        cap = memory.size_server(launch, hardware.free_at_start_gib, hardware).max_running
+        if cap > best_cap:
+            best, best_cap = launch, cap
+        if cap >= max_running:
+            break
+    return best
+
+
+def tuned_profile(role: str, hardware: str, timings: Mapping[str, Profile]) -> Profile:
+    hw = memory.HARDWARE[hardware]
+    base = adaptive_timing(timings) if role == "adaptive" else timings[role]
+    return memory.with_sizing(base, memory.size_server(tuned_launch(role, hw), hw.free_at_start_gib, hw))
 
 
 def build_targets(names: Sequence[str], hardware: str = memory.DEFAULT_HARDWARE,
-                  pair: Mapping[str, Profile] | None = None) -> list[SimTarget]:
+                  pair: Mapping[str, Profile] | None = None,
+                  turn: TurnModel | None = None) -> list[SimTarget]:
     """Targets by name on ``hardware``. ``pair``: the pair's profiles (default: the packaged
     step times with the pair's memory); single servers take their step times from it and their
-    memory from owning the GPUs."""
+    memory from owning the GPUs. ``turn``: how the turns targets hand over (default
+    TurnModel())."""
     pair = dict(pair) if pair is not None else pair_profiles(hardware)
+    turn = turn or TurnModel()
 
     def single(role: str) -> Profile:
         return single_profile(role, hardware, timings=pair)
@@ -59,6 +149,17 @@ def build_targets(names: Sequence[str], hardware: str = memory.DEFAULT_HARDWARE,
                                              {**pair, "mtp": single("adaptive")}),
         "pair-mtp-only": lambda: SimTarget("pair-mtp-only", "mtp-only", pair),
         "pair-plain-only": lambda: SimTarget("pair-plain-only", "plain-only", pair),
+        "single-mtp-tuned": lambda: SimTarget("single-mtp-tuned", "mtp-only",
+                                              {**pair, "mtp": tuned_profile("mtp", hardware, pair)}),
+        "single-adaptive-tuned": lambda: SimTarget(
+            "single-adaptive-tuned", "mtp-only", {**pair, "mtp": tuned_profile("adaptive", hardware, pair)}),
+        "pair-turns": lambda: SimTarget("pair-turns", "crossover",
+                                        turns_profiles(hardware, "adaptive", pair), turn),
+        "pair-turns-mtp": lambda: SimTarget("pair-turns-mtp", "crossover",
+                                            turns_profiles(hardware, "mtp", pair), turn),
+        "pair-turns-finish": lambda: SimTarget(
+            "pair-turns-finish", "crossover", turns_profiles(hardware, "adaptive", pair),
+            dataclasses.replace(turn, running="finish")),
     }
     unknown = [n for n in names if n not in makers]
     if unknown:
@@ -70,27 +171,55 @@ def run_target_sweep(workload_factory: Callable[[], Workload], plans: Sequence[L
                      routing: Routing, targets: Sequence[SimTarget], *, shared_device: bool = True,
                      seed: int = 0, progress: Callable[[str, int], None] | None = None,
                      accept_drop: tuple[float, float] | None = None,
-                     carry_learning: bool = False) -> dict[str, list[LevelResult]]:
+                     carry_learning: bool = False, workload_key: object = None,
+                     turn_log: dict[str, list[list[TurnRecord]]] | None = None,
+                     ) -> dict[str, list[LevelResult]]:
     """Every target over every level, each level in a fresh simulator; results by target name.
     ``carry_learning``: each target's learned crossover keeps its samples from level to level
-    (see run_virtual_sweep)."""
+    (see run_virtual_sweep). Turns targets decide on the crossover calibrated on the workload
+    (memoised by ``workload_key``); ``turn_log`` collects their turns per level."""
     results: dict[str, list[LevelResult]] = {t.name: [] for t in targets}
     estimators = {t.name: CrossoverEstimator() for t in targets}
     for plan in plans:
         for target in targets:
-            records, wall = run_virtual_level(workload_factory(), plan, routing_for(target.policy, routing),
-                                              target.profiles, shared_device=shared_device, seed=seed,
-                                              accept_drop=accept_drop,
-                                              learned=estimators[target.name] if carry_learning else None)
+            learned = estimators[target.name] if carry_learning else None
+            if target.turns is not None:
+                decide_on = turns_routing(routing, turns_crossover(
+                    target, workload_factory, routing, seed=seed, workload_key=workload_key))
+                run = run_virtual(workload_factory(), routing, target.profiles, plan=plan,
+                                  turns=target.turns, turns_routing=decide_on,
+                                  shared_device=shared_device, seed=seed)
+                records, wall = run.records, run.wall_s
+                if turn_log is not None:
+                    turn_log.setdefault(target.name, []).append(run.turns)
+            else:
+                records, wall = run_virtual_level(workload_factory(), plan,
+                                                  routing_for(target.policy, routing), target.profiles,
+                                                  shared_device=shared_device, seed=seed,
+                                                  accept_drop=accept_drop, learned=learned)
             results[target.name].append(summarise(target.name, plan.concurrency, records, wall, plan.window))
             if progress:
                 progress(target.name, plan.concurrency)
     return results
 
 
+def turns_crossover(target: SimTarget, workload_factory: Callable[[], Workload], routing: Routing, *,
+                    seed: int = 0, workload_key: object = None) -> int:
+    """The crossover a turns target decides on: its own, else calibrated on the workload."""
+    assert target.turns is not None
+    if target.turns.crossover is not None:
+        return target.turns.crossover
+    profiles = target.profiles
+    key = None if workload_key is None else (
+        workload_key, seed, tuple(sorted((n, p) for n, p in profiles.items())))
+    return calibrate_crossover(workload_factory, profiles, routing, seed=seed, key=key)
+
+
 def caps(targets: Sequence[SimTarget]) -> dict[str, dict[str, int]]:
     """Each target's running caps, as the report states them."""
     used = {"gateway": ("mtp", "plain"), "pair-mtp-only": ("mtp",), "pair-plain-only": ("plain",),
-            "single-plain": ("plain",), "single-mtp": ("mtp",), "single-adaptive": ("mtp",)}
+            "single-plain": ("plain",), "single-mtp": ("mtp",), "single-adaptive": ("mtp",),
+            "single-mtp-tuned": ("mtp",), "single-adaptive-tuned": ("mtp",),
+            **{name: ("mtp", "plain") for name in TURNS_TARGETS}}
     return {t.name: {b: t.profiles[b].effective_max_running for b in used.get(t.name, tuple(t.profiles))}
             for t in targets}

@@ -45,6 +45,50 @@ def _accepting(profile: Profile, p: float) -> Profile:
     return dataclasses.replace(profile, accept_prob=p, accept_prob_repetitive=p)
 
 
+def virtual_pool(routing: Routing, profiles: Mapping[str, Profile],
+                 learned: CrossoverEstimator | None = None) -> Pool:
+    """One pair's pool, with the running caps the monitor would read from /server_info."""
+    pool = Pool([PairSpec("default", Backend(url="http://sim/mtp"),
+                          Backend(url="http://sim/plain"), routing)], now=0.0,
+                max_sessions=routing.max_sessions)
+    if learned is not None:
+        pool.pairs["default"].estimator = learned
+    for name, profile in profiles.items():
+        if name in pool.backends:
+            pool.backends[name].record_server_info(profile.effective_max_running, None)
+    return pool
+
+
+class AcceptMonitor:
+    """MTP's accept length as the monitor reads it, every ACCEPT_REFRESH_S of virtual time."""
+
+    def __init__(self, sim: VirtualSim, pool: Pool) -> None:
+        self.sim, self.pool = sim, pool
+        self.refreshed = -ACCEPT_REFRESH_S
+
+    def __call__(self) -> None:
+        if self.sim.now - self.refreshed < ACCEPT_REFRESH_S:
+            return
+        self.refreshed = self.sim.now
+        for name, engine in self.sim.engines.items():
+            if name in self.pool.backends and engine.profile.speculative:
+                backend = self.pool.backends[name]
+                backend.record_server_info(backend.effective_cap,
+                                           engine.stats.avg_spec_accept_length or None)
+
+
+def route(pool: Pool, flights: Flights, now: float, job: Job, record: RequestRecord,
+          done: Callable[[Outcome], None]) -> None:
+    """Admit a request through the pool and start it (moves at the flip included)."""
+    admitted = pool.admit(Ask(session=job.session, prompt_tokens=len(job.prompt_ids)), now)
+    if not isinstance(admitted, Lease):
+        record.error, record.end = "no_backend", now
+        done(Outcome(0, error="no_backend"))
+        return
+    flights.start(job, admitted, record, done)
+    flights.apply_moves(pool)
+
+
 def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
                       profiles: Mapping[str, Profile], *, shared_device: bool = True,
                       seed: int = 0, accept_drop: tuple[float, float] | None = None,
@@ -61,27 +105,10 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
     if accept_drop is not None:
         profiles = {name: _accepting(profile, accept_drop[0]) for name, profile in profiles.items()}
     sim = VirtualSim(profiles, shared_device=shared_device, seed=seed)
-    pool = Pool([PairSpec("default", Backend(url="http://sim/mtp"),
-                          Backend(url="http://sim/plain"), routing)], now=0.0,
-                max_sessions=routing.max_sessions)
-    if learned is not None:
-        pool.pairs["default"].estimator = learned
-    for name, profile in profiles.items():
-        if name in pool.backends:  # what the monitor reads from /server_info
-            pool.backends[name].record_server_info(profile.effective_max_running, None)
+    pool = virtual_pool(routing, profiles, learned)
     records: list[RequestRecord] = []
     counters = {"started": 0, "scripts": 0}
-    refreshed = [-ACCEPT_REFRESH_S]
-
-    def monitor() -> None:
-        if sim.now - refreshed[0] < ACCEPT_REFRESH_S:
-            return
-        refreshed[0] = sim.now
-        for name, engine in sim.engines.items():
-            if name in pool.backends and engine.profile.speculative:
-                backend = pool.backends[name]
-                backend.record_server_info(backend.effective_cap,
-                                           engine.stats.avg_spec_accept_length or None)
+    monitor = AcceptMonitor(sim, pool)
 
     def next_script() -> None:
         if not plan.budget_left(counters["started"], sim.now):
@@ -111,13 +138,7 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
         record = RequestRecord(start=sim.now)
         records.append(record)
         monitor()
-        admitted = pool.admit(Ask(session=job.session, prompt_tokens=len(job.prompt_ids)), sim.now)
-        if not isinstance(admitted, Lease):
-            record.error, record.end = "no_backend", sim.now
-            done(Outcome(0, error="no_backend"))
-            return
-        flights.start(job, admitted, record, done)
-        flights.apply_moves(pool)
+        route(pool, flights, sim.now, job, record, done)
 
     for _ in range(plan.concurrency):
         sim.at(0.0, next_script)

@@ -106,6 +106,10 @@ class PrefixCache:
             matched += CACHE_BLOCK_TOKENS
         return matched
 
+    @property
+    def cached_tokens(self) -> int:
+        return len(self._blocks) * CACHE_BLOCK_TOKENS
+
     def insert(self, prompt: Sequence[int]) -> None:
         for key in self._keys(prompt):
             self._blocks[key] = None
@@ -196,6 +200,15 @@ class Engine:
     def cache_hit_rate(self) -> float:
         prompt = self.stats.prompt_tokens
         return self.stats.cached_tokens / prompt if prompt else 0.0
+
+    @property
+    def prefix_cached_tokens(self) -> int:
+        """Tokens held by the prefix cache (what a release would throw away)."""
+        return self._cache.cached_tokens
+
+    def flush_prefix_cache(self) -> None:
+        """Forget every cached prefix (a release of the KV cache flushes the radix cache)."""
+        self._cache = PrefixCache(self.profile.prefix_cache_tokens)
 
     def __contains__(self, rid: str) -> bool:
         return rid in self._by_rid

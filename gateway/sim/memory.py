@@ -204,6 +204,7 @@ class Launch:
     num_draft_tokens: int = 0  # D: speculative_num_steps + 1 with topk 1
     max_running_requests: int | None = None
     weights: str = "fp8"
+    mamba_full_memory_ratio: float = MAMBA_FULL_MEMORY_RATIO  # --mamba-full-memory-ratio
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,8 @@ def size_server(launch: Launch, free_gib: float, hardware: Hardware,
                          f"--mem-fraction-static={launch.mem_fraction_static} "
                          f"({weights:.1f} GiB of weights per GPU, {static:.1f} GiB static)")
     per_req = model.mamba_bytes_per_request(tp)
-    budget = pool * GIB * MAMBA_FULL_MEMORY_RATIO / (1 + MAMBA_FULL_MEMORY_RATIO)
+    mamba_ratio = launch.mamba_full_memory_ratio
+    budget = pool * GIB * mamba_ratio / (1 + mamba_ratio)
     ratio = MAMBA_SLOTS_PER_REQUEST
     resolved = launch.max_running_requests
     if resolved is None and launch.speculative:

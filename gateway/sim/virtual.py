@@ -18,6 +18,11 @@ With ``shared_device`` the backends' steps serialize on one simulated GPU (FIFO,
 backends alternate); without it each has its own device. ``devices`` (backend -> device name)
 says it per backend: backends naming the same device share it (a fleet of pairs, each pair on
 its own GPUs).
+
+Taking turns owning the memory (the memory saver): ``sim.park(name)`` stops a backend from
+starting steps (a step in progress ends; its queue stays and waits), optionally flushing its
+prefix cache as a release does; ``sim.unpark(name)`` lets it step again. ``log_steps`` keeps
+``(start, end, backend)`` of every step, so a test can see that a parked backend never ran.
 """
 
 from __future__ import annotations
@@ -65,9 +70,11 @@ class VirtualSim:
 
     def __init__(
         self, profiles: Mapping[str, Profile], shared_device: bool = True, seed: int = 0,
-        devices: Mapping[str, str] | None = None,
+        devices: Mapping[str, str] | None = None, log_steps: bool = False,
     ) -> None:
         self.now = 0.0
+        self.parked: set[str] = set()
+        self.step_log: list[tuple[float, float, str]] | None = [] if log_steps else None
         self.engines = {
             name: Engine(profile, random.Random(f"{seed}:{name}"))
             for name, profile in profiles.items()
@@ -130,10 +137,24 @@ class VirtualSim:
         if self.engines[backend].abort_after_next_step(rid):
             self._deliver(backend, Output(rid, 0, finish_reason="abort"))
 
+    # --- taking turns ----------------------------------------------------------------------
+
+    def park(self, backend: str, *, flush_cache: bool = False) -> None:
+        """No new step starts on ``backend`` (paused and released); ``flush_cache``: its prefix
+        cache is gone, as after /release_memory_occupation."""
+        self.parked.add(backend)
+        if flush_cache:
+            self.engines[backend].flush_prefix_cache()
+
+    def unpark(self, backend: str) -> None:
+        """Resumed: it steps again from now on."""
+        self.parked.discard(backend)
+        self.at(self.now, lambda: self._kick(backend))
+
     # --- the device loop -----------------------------------------------------------------
 
     def _kick(self, backend: str) -> None:
-        if backend in self._active or not self.engines[backend].has_work:
+        if backend in self.parked or backend in self._active or not self.engines[backend].has_work:
             return
         self._active.add(backend)
         device = self._devices[backend]
@@ -150,6 +171,8 @@ class VirtualSim:
             self._next_on(device)
             return
         device.busy = True
+        if self.step_log is not None:
+            self.step_log.append((self.now, self.now + step.duration_s, backend))
         self.at(self.now + step.duration_s, lambda: self._finish(backend, step))
 
     def _finish(self, backend: str, step: Step) -> None:

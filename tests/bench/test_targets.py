@@ -36,14 +36,14 @@ def test_bench_sim_runs_all_four_targets_and_reports_the_verdict(tmp_path, capsy
     out_json = tmp_path / "out.json"
     code = main(["bench", "--sim", "--no-progress", "--workload", "chat", "--concurrency", "1,4",
                  "--requests-per-level", "4", "--max-tokens", "40", "--hardware", "h200",
-                 "--json", str(out_json)])
+                 "--memory", "split", "--json", str(out_json)])
     out = capsys.readouterr().out
     assert code == 0
     data = json.loads(out_json.read_text())
     assert list(data["results"]) == list(DEFAULT_TARGETS)
     assert data["meta"]["hardware"] == "4x H200 (141 GB)"
     assert data["meta"]["running_caps"]["single-plain"] == {"plain": 245}
-    assert "The pair through the gateway against the best other target" in out
+    assert "The pair (gateway) against the best single server" in out
     assert "Running caps: gateway mtp 48, plain 100; single-plain plain 245" in out
 
 

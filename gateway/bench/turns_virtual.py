@@ -1,0 +1,426 @@
+"""Virtual time for a pair whose servers take turns owning the GPUs' memory, and for loads that
+change within one run (``--schedule``).
+
+**The turns pair.** Both servers are sized for the whole GPU less what the parked one still
+holds (:func:`gateway.bench.targets.turns_profiles`). Only the holder steps; the other is
+parked (:meth:`gateway.sim.virtual.VirtualSim.park`). The real :class:`gateway.pool.Pool`
+admits and counts every request and computes the load signal
+(:func:`gateway.policy.load_against_crossover`); the request is placed on the holder (a pin),
+and the pure :func:`gateway.turns.decision.decide_turn` says when to hand over. A turn, in
+virtual time, as issue 19 orders it:
+
+1. stop admitting to the outgoing server: arrivals wait at the gateway;
+2. its unstarted requests move to the incoming server (cancelled, re-sent whole);
+3. its running streams are continued there: aborted, and the prompt + the tokens generated so
+   far sent as the new prompt for the rest of ``max_tokens`` (a cold prefill: release flushes
+   the prefix cache). With ``running="finish"`` they finish on the outgoing server first,
+   within ``finish_bound_s``; those still running then are continued;
+4. the outgoing server is paused and released (its prefix cache flushed), and after
+   ``cost_s`` (pause + release + resume + continue: 1.5 s measured on an H200 with the host
+   copy retained, memory-turns.md) the incoming one steps;
+5. the waiting arrivals are admitted.
+
+**Schedules.** ``4:600,64:600`` keeps 4 clients busy for 600 s, then 64 for 600 s, in one run
+of one simulator: clients beyond the phase's count finish their script and stop; new ones start
+at a phase's beginning. Tokens are counted over the whole run, and each phase's figures over
+its own window.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gateway.adaptive import CrossoverEstimator
+from gateway.backends import BackendState
+from gateway.bench.flights import Flight, Flights, drive_script
+from gateway.bench.levels import LevelPlan
+from gateway.bench.stats import RequestRecord, summarise
+from gateway.bench.virtual import AcceptMonitor, route, virtual_pool
+from gateway.bench.workloads import Job, Outcome, Workload
+from gateway.config import Role, Routing
+from gateway.policy import load_against_crossover
+from gateway.pool import Ask, Lease, Pool
+from gateway.sim.profile import Profile
+from gateway.sim.virtual import VirtualSim
+from gateway.turns.decision import NEVER, LoadSignal, PairMemory, TurnRules, decide_turn
+
+MEASURED_TURN_COST_S = 1.5  # memory-turns.md: one pauses, the other resumes, host copy retained
+FINISH_BOUND_S = 30.0  # running="finish": streams still running after this are continued
+
+
+@dataclass(frozen=True)
+class TurnModel:
+    """How a turn is done and what it costs (see the module docstring)."""
+
+    cost_s: float = MEASURED_TURN_COST_S
+    running: Literal["continue", "finish"] = "continue"
+    finish_bound_s: float = FINISH_BOUND_S
+    crossover: int | None = None  # in the load signal's unit; None: calibrated per workload
+    first_holder: Role = "mtp"
+
+    def rules(self, routing: Routing) -> TurnRules:
+        return TurnRules(turn_cost_s=self.cost_s, min_dwell_s=routing.min_dwell_s,
+                         prefill_tokens_per_s=routing.prefill_tokens_per_s)
+
+
+@dataclass
+class TurnRecord:
+    """One turn: when it started and settled, and what it moved."""
+
+    start: float
+    to: Role
+    reason: str
+    released_at: float = 0.0  # when the outgoing server was parked (after finishing, if so)
+    settled_at: float = 0.0  # when the incoming server stepped again
+    moved_unstarted: int = 0
+    continued: int = 0
+    continued_tokens: int = 0  # prompt + generated tokens the continued streams re-prefill
+    finished_first: int = 0
+    waited: int = 0  # arrivals that waited at the gateway
+
+
+# --- schedules --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Phase:
+    concurrency: int
+    seconds: float
+
+
+def parse_schedule(text: str) -> list[Phase]:
+    """``C:SECONDS,...`` -> phases."""
+    phases = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        c, sep, s = part.partition(":")
+        try:
+            phase = Phase(int(c), float(s))
+        except ValueError:
+            phase = None
+        if not sep or phase is None or phase.concurrency < 1 or phase.seconds <= 0:
+            raise ValueError(f"--schedule takes C:SECONDS,... with C >= 1 and SECONDS > 0, got {part!r}")
+        phases.append(phase)
+    if not phases:
+        raise ValueError("--schedule needs at least one C:SECONDS phase")
+    return phases
+
+
+def phase_windows(phases: Sequence[Phase]) -> list[tuple[float, float]]:
+    windows, t = [], 0.0
+    for phase in phases:
+        windows.append((t, t + phase.seconds))
+        t += phase.seconds
+    return windows
+
+
+class _Clients:
+    """Closed-loop client slots following a level plan or a schedule."""
+
+    def __init__(self, sim: VirtualSim, workload: Workload,
+                 send: Callable[[Job, Callable[[Outcome], None]], None],
+                 plan: LevelPlan | None, phases: Sequence[Phase] | None) -> None:
+        self.sim, self.workload, self.send = sim, workload, send
+        self.plan, self.phases = plan, phases
+        self.started = 0  # requests
+        self.scripts = 0
+        self.active: set[int] = set()
+        self.windows = phase_windows(phases) if phases else []
+
+    def concurrency_now(self) -> int:
+        if self.plan is not None:
+            return self.plan.concurrency
+        for (t0, t1), phase in zip(self.windows, self.phases or (), strict=True):
+            if t0 <= self.sim.now < t1:
+                return phase.concurrency
+        return 0
+
+    def budget_left(self) -> bool:
+        if self.plan is not None:
+            return self.plan.budget_left(self.started, self.sim.now)
+        return self.sim.now < self.windows[-1][1]
+
+    def begin(self) -> None:
+        if self.plan is not None:
+            for slot in range(self.plan.concurrency):
+                self.sim.at(0.0, lambda slot=slot: self._next(slot))
+            return
+        for t0, _ in self.windows:
+            self.sim.at(t0, self._fill)
+
+    def _fill(self) -> None:
+        for slot in range(self.concurrency_now()):
+            if slot not in self.active:
+                self._next(slot)
+
+    def _next(self, slot: int) -> None:
+        if not self.budget_left() or slot >= self.concurrency_now():
+            self.active.discard(slot)
+            return
+        self.active.add(slot)
+        script = self.workload.script(self.scripts)
+        self.scripts += 1
+        drive_script(self.sim, script, self._start, lambda: self._next(slot))
+
+    def _start(self, job: Job, done: Callable[[Outcome], None]) -> None:
+        self.started += 1
+        self.send(job, done)
+
+
+# --- the turns controller in virtual time -----------------------------------------------------
+
+class _TurnFlights(Flights):
+    def continue_on(self, flight: Flight, to: BackendState) -> None:
+        """Abort it where it runs and send it to ``to`` with what it generated so far."""
+        self._move(flight, to)
+
+
+@dataclass(eq=False)
+class _Waiting:
+    job: Job
+    record: RequestRecord
+    done: Callable[[Outcome], None]
+
+
+@dataclass(eq=False)
+class TurnsController:
+    """The pair's memory in virtual time: who holds it, turns, the waiting room."""
+
+    sim: VirtualSim
+    pool: Pool
+    flights: _TurnFlights
+    routing: Routing  # the turns' routing: a fixed crossover in the load signal's unit
+    model: TurnModel
+    holder: Role = "mtp"
+    since: float = NEVER
+    across_since: float | None = None
+    turning: TurnRecord | None = None
+    turns: list[TurnRecord] = field(default_factory=list)
+    waiting: deque[_Waiting] = field(default_factory=deque)
+    _timer_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.rules = self.model.rules(self.routing)
+        self.pair = self.pool.pairs["default"]
+        other: Role = "plain" if self.holder == "mtp" else "mtp"
+        self.sim.park(other, flush_cache=True)
+
+    # the request path
+    def send(self, job: Job, record: RequestRecord, done: Callable[[Outcome], None]) -> None:
+        if self.turning is not None:
+            self.turning.waited += 1
+            self.waiting.append(_Waiting(job, record, done))
+            return
+        self._admit(job, record, done)
+        self.evaluate()
+
+    def _admit(self, job: Job, record: RequestRecord, done: Callable[[Outcome], None]) -> None:
+        ask = Ask(session=job.session, pin=self.holder, prompt_tokens=len(job.prompt_ids))
+        lease = self.pool.admit(ask, self.sim.now)
+        assert isinstance(lease, Lease) and lease.backend.role == self.holder
+
+        def finished(outcome: Outcome) -> None:
+            done(outcome)
+            self.evaluate()
+
+        self.flights.start(job, lease, record, finished)
+
+    # the decision
+    def _on(self, role: Role) -> list[Flight]:
+        backend = self.pair.backends[role]
+        return [f for f in self.flights.live.values() if f.lease.backend is backend]
+
+    def evaluate(self) -> None:
+        if self.turning is not None:
+            return
+        now = self.sim.now
+        level, top, band = load_against_crossover(self.pool.snapshot(self.pair, now), self.routing)
+        running = self._on(self.holder)
+        continued = sum(len(f.job.prompt_ids) + f.generated for f in running if f.lease.started)
+        cached = self.sim.engines[self.holder].prefix_cached_tokens
+        decision = decide_turn(PairMemory(self.holder, self.since, self.across_since),
+                               LoadSignal(level, top, band), self.rules, now,
+                               cached_tokens=cached, continued_tokens=continued)
+        self.across_since = decision.across_since
+        if decision.hand_over and decision.to is not None:
+            self._begin_turn(decision.to, decision.reason)
+        elif decision.reason in ("confirming", "dwell"):
+            self._recheck(decision.reason, cached, continued)
+
+    def _recheck(self, reason: str, cached: int, continued: int) -> None:
+        """Look again when the answer could change without any request arriving or ending."""
+        assert self.across_since is not None
+        to_mtp = self.holder == "plain"
+        if reason == "confirming":
+            at = self.across_since + (self.rules.to_mtp_after_s if to_mtp else self.rules.to_plain_after_s)
+        else:
+            at = self.since + self.rules.dwell(cached, continued)
+        if at <= self.sim.now or (self._timer_at is not None and self._timer_at <= at):
+            return
+        self._timer_at = at
+
+        def fire() -> None:
+            if self._timer_at == at:
+                self._timer_at = None
+                self.evaluate()
+
+        self.sim.at(at, fire)
+
+    # the turn
+    def _begin_turn(self, to: Role, reason: str) -> None:
+        turn = self.turning = TurnRecord(start=self.sim.now, to=to, reason=reason)
+        self.turns.append(turn)
+        incoming = self.pair.backends[to]
+        flights = self._on(self.holder)
+        unstarted = [f for f in flights if not f.lease.started]
+        for flight in unstarted:
+            self.flights.continue_on(flight, incoming)
+        turn.moved_unstarted = len(unstarted)
+        turn.finished_first = len(flights) - len(unstarted)  # less those continued at release
+        if self.model.running == "finish" and any(f.lease.started for f in flights):
+            deadline = self.sim.now + self.model.finish_bound_s
+            self._await_finish(deadline)
+            return
+        self._release()
+
+    def _await_finish(self, deadline: float) -> None:
+        running = self._on(self.holder)
+        if not running or self.sim.now >= deadline:
+            assert self.turning is not None
+            self._release()
+            return
+        self.sim.at(min(deadline, self.sim.now + 0.1), lambda: self._await_finish(deadline))
+
+    def _release(self) -> None:
+        turn = self.turning
+        assert turn is not None
+        incoming = self.pair.backends[turn.to]
+        running = self._on(self.holder)
+        turn.finished_first -= len(running)
+        for flight in running:
+            turn.continued += 1
+            turn.continued_tokens += len(flight.job.prompt_ids) + flight.generated
+            self.flights.continue_on(flight, incoming)
+        turn.released_at = self.sim.now
+        self.sim.park(self.holder, flush_cache=True)
+        self.sim.at(self.sim.now + self.model.cost_s, self._settle)
+
+    def _settle(self) -> None:
+        turn = self.turning
+        assert turn is not None
+        self.sim.unpark(turn.to)
+        self.holder, self.since, self.across_since = turn.to, self.sim.now, None
+        turn.settled_at = self.sim.now
+        self.turning = None
+        while self.waiting:
+            w = self.waiting.popleft()
+            self._admit(w.job, w.record, w.done)
+        self.evaluate()
+
+
+# --- one run ------------------------------------------------------------------------------------
+
+@dataclass
+class RunResult:
+    records: list[RequestRecord]
+    wall_s: float
+    turns: list[TurnRecord]
+    step_log: list[tuple[float, float, str]] | None = None
+
+
+def run_virtual(workload: Workload, routing: Routing, profiles: Mapping[str, Profile], *,
+                plan: LevelPlan | None = None, phases: Sequence[Phase] | None = None,
+                turns: TurnModel | None = None, turns_routing: Routing | None = None,
+                shared_device: bool = True, seed: int = 0, log_steps: bool = False,
+                learned: CrossoverEstimator | None = None) -> RunResult:
+    """One level (``plan``) or one schedule (``phases``) in a fresh simulator. Without
+    ``turns`` the pool routes by ``routing`` as in :func:`gateway.bench.virtual.run_virtual_level`
+    (moves at the flip included); with it the pair takes turns, deciding on ``turns_routing``."""
+    if (plan is None) == (phases is None):
+        raise ValueError("give a level plan or a schedule")
+    sim = VirtualSim(profiles, shared_device=shared_device, seed=seed, log_steps=log_steps)
+    if turns is not None:  # the pool's load signal and crossover are the turns' own
+        routing = turns_routing or routing
+    pool = virtual_pool(routing, profiles, learned)
+    records: list[RequestRecord] = []
+    flights = _TurnFlights(sim, lambda backend: backend.name)
+    controller = None
+    if turns is not None:
+        controller = TurnsController(sim, pool, flights, routing, turns, holder=turns.first_holder)
+    monitor = AcceptMonitor(sim, pool)
+
+    def send(job: Job, done: Callable[[Outcome], None]) -> None:
+        record = RequestRecord(start=sim.now)
+        records.append(record)
+        if controller is not None:
+            controller.send(job, record, done)
+            return
+        monitor()
+        route(pool, flights, sim.now, job, record, done)
+
+    _Clients(sim, workload, send, plan, phases).begin()
+    sim.run_until_idle()
+    wall = max((r.end for r in records if r.end is not None), default=0.0)
+    return RunResult(records, wall, controller.turns if controller else [], sim.step_log)
+
+
+def tokens_within(records: Sequence[RequestRecord], t0: float, t1: float) -> float:
+    """Output tokens that reached the clients inside [t0, t1]."""
+    return sum(n for r in records if r.error is None
+               for t, n in zip(r.chunk_times, r.chunk_tokens, strict=False) if t0 <= t <= t1)
+
+
+# --- the crossover the turns decide on -------------------------------------------------------
+
+CALIBRATION_LEVELS = (4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 56, 64, 80, 96, 128)
+CALIBRATION_PLAN_S = (100.0, 30.0)  # steady: duration, warm-up
+_calibrated: dict[tuple[object, ...], int] = {}
+
+
+def calibrate_crossover(workload_factory: Callable[[], Workload], profiles: Mapping[str, Profile],
+                        routing: Routing, *, seed: int = 0, key: tuple[object, ...] | None = None,
+                        levels: Sequence[int] = CALIBRATION_LEVELS) -> int:
+    """The load (in clients: requests in flight, or sessions at work for session traffic) from
+    which the pair's plain server alone makes at least the aggregate tok/s of its MTP server
+    alone, each owning the GPUs: what ``mtp-gateway calibrate`` measures on a user's own
+    servers and traffic. Found by bisection over ``levels`` (one crossing assumed); the last
+    level + 1 when MTP is never overtaken. ``key`` memoises it for one process."""
+    from gateway.bench.virtual import run_virtual_level
+
+    if key is not None and key in _calibrated:
+        return _calibrated[key]
+    duration, warmup = CALIBRATION_PLAN_S
+
+    def plain_wins(c: int) -> bool:
+        plan = LevelPlan(c, None, duration, warmup)
+        aggregate = {}
+        for policy in ("mtp-only", "plain-only"):
+            records, wall = run_virtual_level(workload_factory(), plan,
+                                              routing.model_copy(update={"policy": policy}),
+                                              profiles, seed=seed)
+            aggregate[policy] = summarise(policy, c, records, wall, plan.window).aggregate_tps
+        return aggregate["plain-only"] >= aggregate["mtp-only"]
+
+    low, high = 0, len(levels)  # answer: the first index where plain wins (high: none)
+    while low < high:
+        mid = (low + high) // 2
+        if plain_wins(levels[mid]):
+            high = mid
+        else:
+            low = mid + 1
+    crossover = levels[low] if low < len(levels) else levels[-1] + 1
+    if key is not None:
+        _calibrated[key] = crossover
+    return crossover
+
+
+def turns_routing(routing: Routing, crossover: int) -> Routing:
+    """The routing the turns decide on: a fixed crossover in the load signal's unit (requests in
+    flight, or sessions at work), not adapted to the accept length (an adaptive MTP server's
+    average over its small batches says nothing of its speed at the crossover)."""
+    return routing.model_copy(update={"crossover": crossover, "session_crossover": crossover,
+                                      "adaptive_crossover": False, "adapt_to_accept_length": False,
+                                      "hysteresis": min(routing.hysteresis, max(crossover - 1, 0))})

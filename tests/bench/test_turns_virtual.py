@@ -1,0 +1,171 @@
+"""The pair taking turns owning the GPUs' memory, in virtual time (gateway.bench.turns_virtual):
+what a user relies on when choosing `memory: turns`."""
+
+import json
+
+import pytest
+
+from gateway.bench.levels import LevelPlan
+from gateway.bench.stats import summarise
+from gateway.bench.targets import build_targets, run_target_sweep, tuned_profile, turns_profiles
+from gateway.bench.turns_virtual import Phase, TurnModel, parse_schedule, run_virtual, turns_routing
+from gateway.bench.workloads import make_workload
+from gateway.cli import main
+from gateway.config import Routing
+from gateway.sim.profile import packaged_timings, single_profile
+
+ROUTING = Routing()
+CROSSOVER = 40  # between MTP's cap (48) and the low levels below; fixed, no calibration
+
+
+def seed(max_tokens=200):
+    return lambda: make_workload("seed", max_tokens=max_tokens)
+
+
+def targets(*names, cost=1.5, running="continue"):
+    return build_targets(list(names), "rtx-pro-6000",
+                         turn=TurnModel(cost_s=cost, crossover=CROSSOVER, running=running))
+
+
+def run_pair(plan=None, phases=None, cost=1.5, running="continue", max_tokens=200):
+    (target,) = targets("pair-turns", cost=cost, running=running)
+    return run_virtual(seed(max_tokens)(), ROUTING, target.profiles, plan=plan, phases=phases,
+                       turns=target.turns, turns_routing=turns_routing(ROUTING, CROSSOVER),
+                       log_steps=True)
+
+
+def holder_at(turns, t, first="mtp"):
+    holder = first
+    for turn in turns:
+        if turn.released_at <= t:
+            holder = None if t < turn.settled_at else turn.to
+    return holder
+
+
+def assert_never_both_holding(run):
+    assert run.step_log, "nothing ran"
+    for start, _, backend in run.step_log:
+        assert holder_at(run.turns, start) == backend, (start, backend)
+
+
+def test_at_low_load_the_pair_is_its_adaptive_mtp_server_owning_the_gpus():
+    plan = LevelPlan(2, duration_s=60.0, warmup_s=10.0)
+    results = run_target_sweep(seed(), [plan], ROUTING, targets("pair-turns", "single-adaptive"))
+    pair, single = results["pair-turns"][0], results["single-adaptive"][0]
+    assert pair.share == {"mtp": 1.0}
+    assert pair.aggregate_tps == pytest.approx(single.aggregate_tps, rel=0.005)
+    assert pair.per_request_tps == pytest.approx(single.per_request_tps, rel=0.005)
+    assert run_pair(plan=plan).turns == []
+
+
+def test_at_high_load_the_pair_hands_over_once_and_is_one_plain_server_owning_the_gpus():
+    plan = LevelPlan(96, duration_s=90.0, warmup_s=30.0)
+    run = run_pair(plan=plan)
+    during = [t for t in run.turns if t.start < plan.duration_s]
+    assert [t.to for t in during] == ["plain"]
+    single = run_target_sweep(seed(), [plan], ROUTING, targets("single-plain"))["single-plain"][0]
+    pair = summarise("pair-turns", 96, run.records, run.wall_s, plan.window)
+    assert pair.share == {"plain": 1.0}
+    assert pair.aggregate_tps >= 0.98 * single.aggregate_tps
+    assert_never_both_holding(run)
+
+
+def test_a_turn_costs_its_cost_and_nothing_steps_meanwhile():
+    for cost in (0.5, 5.0):
+        run = run_pair(phases=[Phase(2, 30.0), Phase(64, 40.0)], cost=cost)
+        turn = run.turns[0]
+        assert turn.to == "plain" and turn.start == pytest.approx(30.0, abs=1.0)
+        assert turn.settled_at - turn.released_at == pytest.approx(cost)
+        assert not [s for s in run.step_log if turn.released_at < s[0] < turn.settled_at]
+        assert_never_both_holding(run)
+
+
+def test_running_streams_continue_on_the_incoming_server_with_what_they_generated():
+    run = run_pair(phases=[Phase(8, 20.0), Phase(96, 30.0)], max_tokens=None)  # 1000 each
+    turn = run.turns[0]
+    assert turn.continued > 0 and turn.waited > 0
+    # each continued stream re-prefills at least its 1000-token prompt and what it generated
+    assert turn.continued_tokens > 1000 * turn.continued
+    assert all(r.ok for r in run.records)
+    assert {r.tokens for r in run.records} == {1000}  # every stream ends whole, none longer
+
+
+def test_finishing_first_keeps_running_streams_where_they_are_and_the_arrivals_waiting():
+    go_on = run_pair(phases=[Phase(8, 20.0), Phase(96, 30.0)], max_tokens=300)
+    finish = run_pair(phases=[Phase(8, 20.0), Phase(96, 30.0)], max_tokens=300, running="finish")
+    turn = finish.turns[0]
+    assert turn.continued == 0 and turn.finished_first > 0
+    assert turn.released_at > turn.start  # MTP drained its streams before releasing
+    assert go_on.turns[0].released_at == go_on.turns[0].start
+    assert all(r.ok and r.tokens == 300 for r in finish.records)
+    assert_never_both_holding(finish)
+
+
+def test_dearer_turns_serve_fewer_tokens_over_a_changing_load():
+    phases = [Phase(2, 60.0), Phase(96, 60.0), Phase(2, 60.0)]
+    tokens, turns = {}, {}
+    for cost in (0.5, 15.0):
+        run = run_pair(phases=phases, cost=cost)
+        turns[cost] = [t.to for t in run.turns if t.start < 180]
+        tokens[cost] = sum(r.tokens for r in run.records if r.ok)
+    assert turns[0.5] == ["plain", "mtp"]
+    # a 15 s turn holds plain for its dwell (10 turns), through the quiet phase
+    assert turns[15.0] == ["plain"]
+    assert tokens[0.5] > tokens[15.0]
+
+
+def test_a_flapping_load_turns_at_most_once_per_dwell():
+    phases = [Phase(64 if i % 2 else 2, 4.0) for i in range(30)]  # 120 s, the load jumps every 4 s
+    run = run_pair(phases=phases)
+    dwell = TurnModel().rules(ROUTING).dwell()
+    assert 1 <= len(run.turns) <= 120 / dwell + 1
+    for a, b in zip(run.turns, run.turns[1:], strict=False):
+        assert b.start - a.settled_at >= dwell - 1e-9
+    assert_never_both_holding(run)
+
+
+def test_each_turns_server_owns_the_gpu_less_the_parked_ones_leftovers():
+    timings = packaged_timings()
+    turns = turns_profiles("rtx-pro-6000", "adaptive", timings)
+    alone = {"plain": single_profile("plain", "rtx-pro-6000", timings=timings),
+             "mtp": single_profile("adaptive", "rtx-pro-6000", timings=timings)}
+    assert turns["plain"].effective_max_running == alone["plain"].effective_max_running
+    assert turns["mtp"].effective_max_running == alone["mtp"].effective_max_running
+    assert turns["mtp"].prefix_cache_tokens < alone["mtp"].prefix_cache_tokens
+
+
+def test_the_tuned_single_mtp_server_runs_more_than_speculations_default_cap():
+    timings = packaged_timings()
+    for role in ("mtp", "adaptive"):
+        default = single_profile(role, "rtx-pro-6000", timings=timings).effective_max_running
+        tuned = tuned_profile(role, "rtx-pro-6000", timings).effective_max_running
+        assert default <= 48 < tuned <= 128
+
+
+def test_schedule_parsing():
+    assert parse_schedule("4:600, 64:30.5") == [Phase(4, 600.0), Phase(64, 30.5)]
+    for bad in ("", "4", "0:10", "4:0", "x:1", "4:-1"):
+        with pytest.raises(ValueError, match="schedule"):
+            parse_schedule(bad)
+
+
+def test_bench_sim_schedule_reports_the_whole_run_and_each_phase(tmp_path, capsys):
+    out_json = tmp_path / "schedule.json"
+    code = main(["bench", "--sim", "--no-progress", "--schedule", "2:30,64:30", "--max-tokens", "150",
+                 "--target", "pair-turns", "--target", "single-plain", "--turns-crossover", "40",
+                 "--turn-cost", "0.5,5", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0
+    data = json.loads(out_json.read_text())
+    names = [r["target"] for r in data["results"]]
+    assert names == ["pair-turns@0.5s", "pair-turns@5s", "single-plain"]
+    by = {r["target"]: r for r in data["results"]}
+    assert by["pair-turns@0.5s"]["tokens"] > by["pair-turns@5s"]["tokens"]
+    assert all(len(r["phases"]) == 2 for r in data["results"])
+    assert by["pair-turns@5s"]["turns"][0]["to"] == "plain"
+    assert "C=64 (30 s)" in out and "tokens over the run" in out
+
+
+def test_bench_sim_schedule_rejects_a_bad_schedule(capsys):
+    assert main(["bench", "--sim", "--no-progress", "--schedule", "4:abc"]) == 2
+    assert "--schedule takes C:SECONDS" in capsys.readouterr().err
