@@ -77,22 +77,9 @@ HOST_FREE_GBPS = PROBE_WEIGHTS_GB / (UNRETAINED_RESUME_S - RETAINED_RESUME_S)
 KV_PAUSE_S_PER_GB = 0.055 / PROBE_KV_GB
 KV_RESUME_S_PER_GB = 0.07 / PROBE_KV_GB
 
-# --- what a server holds besides its pools (per GPU, GiB) ---------------------------------
-# Minimal figures until the turns sizing of gateway/sim/memory.py (helper `deploy`) is on main;
-# the same estimates as there. Never released: the CUDA context, NCCL communicators and the
-# custom all-reduce's buffers (held before the server measures its memory, bootstrap.py:193),
-# and the attention / logits buffers, plain tensors outside any memory-saver region.
-CONTEXT_AND_NCCL_GIB = 1.0
-ATTENTION_AND_LOGITS_BUFFERS_GIB = 0.5
-# CUDA graphs: in a "cuda_graph" region only with SGLANG_MEMORY_SAVER_CUDA_GRAPH=1
-# (runner_backend/full_cuda_graph_backend.py:121-124, backed up on the host), else they stay.
-CUDA_GRAPHS_GIB = 2.0
-# The forward passes' activations: given back when a release flushes the KV cache
-# (weight_updater.py:365-366 -> scheduler.py:5518, empty_cache), so counted with "kv_cache".
-ACTIVATIONS_GIB = 2.5
-# A weights release clones the model's named buffers on the GPU (weight_updater.py:368-374,
-# _export_static_state) until the resume: the RoPE cos/sin cache, 262,144 x 64 x 4 bytes.
-NAMED_BUFFER_CLONE_GIB = 262_144 * 64 * 4 / memory.GIB
+# What a server holds besides its pools, and what a release leaves, are memory.py's figures
+# (START_OVERHEAD_GIB, ATTENTION_AND_LOGITS_BUFFERS_GIB, CUDA_GRAPHS_GIB, ACTIVATIONS_GIB,
+# named_buffer_clone_gib), with their sources there.
 
 
 @dataclass(frozen=True)
@@ -113,13 +100,19 @@ class Footprint:
 
     weights_gib: float  # target + draft ("weights" regions)
     draft_weights_gib: float  # the draft's part of it
-    kv_cache_gib: float  # the static pools ("kv_cache" regions) + activations
-    cuda_graph_gib: float = CUDA_GRAPHS_GIB
-    fixed_gib: float = CONTEXT_AND_NCCL_GIB + ATTENTION_AND_LOGITS_BUFFERS_GIB
+    # The static pools ("kv_cache" regions) and the activations, which the flush of a
+    # kv_cache release gives back (memory.ACTIVATIONS_GIB).
+    kv_cache_gib: float
+    cuda_graph_gib: float = memory.CUDA_GRAPHS_GIB
+    # Never released: context, NCCL, custom all-reduce, attention and logits buffers.
+    fixed_gib: float = memory.START_OVERHEAD_GIB + memory.ATTENTION_AND_LOGITS_BUFFERS_GIB
+    named_buffer_clone_gib: float = memory.named_buffer_clone_gib(memory.HARDWARE[memory.DEFAULT_HARDWARE])
 
     @classmethod
-    def of(cls, sizing: memory.Sizing, draft_weights_gib: float) -> Footprint:
-        return cls(sizing.weights_gib, draft_weights_gib, sizing.pool_gib + ACTIVATIONS_GIB)
+    def of(cls, sizing: memory.Sizing, draft_weights_gib: float, hardware: memory.Hardware) -> Footprint:
+        return cls(sizing.weights_gib, draft_weights_gib, sizing.pool_gib + memory.ACTIVATIONS_GIB,
+                   fixed_gib=hardware.start_overhead_gib + memory.ATTENTION_AND_LOGITS_BUFFERS_GIB,
+                   named_buffer_clone_gib=memory.named_buffer_clone_gib(hardware))  # fmt: skip
 
     def region_gib(self, tag: str) -> float:
         return {KV_CACHE: self.kv_cache_gib, WEIGHTS: self.weights_gib, CUDA_GRAPH: self.cuda_graph_gib}[tag]
@@ -152,33 +145,20 @@ def resume_cost_s(tag: str, gib: float, options: SaverOptions, backed_up: bool) 
     return seconds if options.retain_cpu_backup else seconds + gb / HOST_FREE_GBPS
 
 
-# --- sizing in the turns shape -----------------------------------------------------------------
-# A minimal stand-in until memory.size_turns (helper `deploy`) is on main: plain starts first
-# on the empty GPUs and is parked; MTP measures F0 less what the parked plain server holds
-# (bootstrap.py:193-223), each with the fraction of a single server owning the GPU.
-TURNS_FIRST = "plain"
-
-
-def parked_leftover_gib(options: SaverOptions) -> float:
-    """What a released server still holds per GPU (fixed buffers, the named buffers' clone,
-    the CUDA graphs unless they are in the memory saver)."""
-    graphs = 0.0 if options.cuda_graph_in_saver else CUDA_GRAPHS_GIB
-    return CONTEXT_AND_NCCL_GIB + ATTENTION_AND_LOGITS_BUFFERS_GIB + NAMED_BUFFER_CLONE_GIB + graphs
+# --- sizing in the turns shape: memory.size_turns (the first server sizes on the empty GPUs and
+# is parked, the other on what the parked one leaves) ------------------------------------------
+TURNS_FIRST = memory.TURNS_FIRST
 
 
 def turns_sizings(hardware: memory.Hardware, options: SaverOptions) -> dict[str, memory.Sizing]:
-    free = {TURNS_FIRST: hardware.free_at_start_gib,
-            "mtp": hardware.free_at_start_gib - parked_leftover_gib(options)}  # fmt: skip
-    launches = {role: memory.launch_for(role, memory.SINGLE_FRACTIONS[role], memory.PAIR_WEIGHTS)
-                for role in ("mtp", "plain")}  # fmt: skip
-    return {role: memory.size_server(launch, free[role], hardware) for role, launch in launches.items()}
+    return memory.size_turns(hardware, cuda_graphs_released=options.cuda_graph_in_saver).servers
 
 
 def footprint_of(role: str, sizing: memory.Sizing, hardware: memory.Hardware) -> Footprint:
     draft = 0.0
     if role != "plain":
         draft = memory.QWEN35_122B.draft_weight_bytes(memory.PAIR_WEIGHTS) / hardware.gpus / memory.GIB
-    return Footprint.of(sizing, draft)
+    return Footprint.of(sizing, draft, hardware)
 
 
 class SaverError(Exception):
@@ -329,7 +309,7 @@ class MemorySaver:
         self.state.paused_regions.add(tag)
         self.device.free(self.name, tag)
         if tag == WEIGHTS:
-            self.device.hold(self.name, "named buffers' clone", NAMED_BUFFER_CLONE_GIB)
+            self.device.hold(self.name, "named buffers' clone", self.footprint.named_buffer_clone_gib)
         if self._backed_up(tag):
             self.state.host_buffers.add(tag)
 

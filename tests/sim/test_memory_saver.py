@@ -265,6 +265,24 @@ async def test_abort_mode_ends_running_streams_with_abort_and_answers_after_they
     assert reason == "abort"
 
 
+async def test_an_abort_pause_waits_one_poll_when_requests_were_in_flight(monkeypatch):
+    slept: list[float] = []
+
+    async def record(self, seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(saver_module.MemorySaver, "_sleep", record)
+    async with start_sim_pair(SimOptions(speed=SPEED)) as pair, httpx.AsyncClient(timeout=5) as http:
+        url = pair.urls["plain"]
+        await post(http, url, "/pause_generation", {"mode": "abort"})  # idle: at once
+        await post(http, url, "/continue_generation")
+        async with http.stream("POST", url + "/v1/completions", json=LONG) as response:
+            lines = response.aiter_lines()  # held: a collected iterator closes the stream
+            await first_chunks(lines, 2)
+            await post(http, url, "/pause_generation", {"mode": "abort"})
+    assert slept == [saver_module.ABORT_PAUSE_POLL_S]  # tokenizer_manager.py:2280's 1 s sleep
+
+
 async def test_new_requests_wait_while_paused_and_run_after_continue():
     async with start_sim_pair(SimOptions(speed=SPEED)) as pair, httpx.AsyncClient(timeout=5) as http:
         url, live = pair.urls["plain"], pair.servers["plain"].live
