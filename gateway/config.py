@@ -19,6 +19,9 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an RFC 9110 token
 Role = Literal["mtp", "plain"]  # a server's role in its pair
 ROLES: tuple[Role, ...] = ("mtp", "plain")
 PolicyName = Literal["crossover", "mtp-only", "plain-only"]
+# split: each server keeps its share of the GPUs' memory; turns: the two take turns owning
+# all of it (SGLang's memory saver, gateway/turns, DESIGN.md §9).
+MemoryShape = Literal["split", "turns"]
 
 
 class _Frozen(BaseModel):
@@ -114,6 +117,7 @@ class Pair(_Frozen):
     mtp: Backend
     plain: Backend
     routing: dict[str, Any] = Field(default_factory=dict)  # this pair's own routing values
+    memory: MemoryShape | None = None  # None: the top-level `memory`
 
     @field_validator("name")
     @classmethod
@@ -164,6 +168,24 @@ class Monitor(_Frozen):
     backend_loads_max_age_s: float = Field(3.0, gt=0)
 
 
+class Turns(_Frozen):
+    """How a turns pair hands its memory over (gateway/turns): the bounds and the checks."""
+
+    wait_max_requests: int = Field(256, ge=0)  # arrivals that may wait at the gateway for a turn
+    wait_max_s: float = Field(10.0, gt=0)  # ... each at most this long; then a 503
+    retry_after_s: int = Field(2, ge=1)  # that 503's Retry-After
+    finish_within_s: float = Field(30.0, ge=0)  # running streams finish first within this
+    call_timeout_s: float = Field(10.0, gt=0)  # pause, continue and every probe
+    release_timeout_s: float = Field(60.0, gt=0)  # SGLang answers once every rank has released
+    resume_timeout_s: float = Field(60.0, gt=0)
+    ready_within_s: float = Field(30.0, gt=0)  # /ready 200 after continue_generation
+    check_memory: bool = True  # NVML, where the GPUs are visible: the memory really came back
+    min_free_fraction: float = Field(0.5, gt=0, le=1)  # ... this much of each GPU free
+    min_accept_length: float = Field(1.2, ge=0)  # after a resume into MTP (0: no check)
+    stuck_retry_s: float = Field(5.0, gt=0)  # a stuck pair is discovered again this often
+    state_file: str | None = None  # the journal a restart settles from (one per node)
+
+
 class Log(_Frozen):
     access: bool = True  # one line per request on the logger mtp_gateway.access
 
@@ -186,6 +208,8 @@ class Settings(BaseSettings):
     auth: Auth = Auth()
     monitor: Monitor = Monitor()
     log: Log = Log()
+    memory: MemoryShape = "split"  # every pair's, unless the pair says
+    turns: Turns = Turns()
 
     @model_validator(mode="after")
     def _pairs_fit(self) -> Settings:
@@ -207,6 +231,9 @@ class Settings(BaseSettings):
         """The pairs to route over: `pairs`, or the one pair of `backends`."""
         return self.pairs or (Pair(name="default", mtp=self.backends.mtp,
                                    plain=self.backends.plain),)
+
+    def memory_of(self, pair: Pair) -> MemoryShape:
+        return pair.memory or self.memory
 
     def routing_for(self, pair: Pair) -> Routing:
         """A pair's routing: the routing section with the pair's own values over it."""

@@ -1,0 +1,9 @@
+"""A pair whose two servers take turns owning the GPUs' memory (DESIGN.md §9).
+
+- `state`: the pair's memory state, a pure state machine (who holds the memory, each step of
+  a turn in progress, what a failure leaves, how a restart settles);
+- `decision`: when to hand over (vturns);
+- `saver`: SGLang 0.5.23's memory-saver calls (to move into the engine seam);
+- `driver`: the one task per pair that does the I/O the state machine asks for;
+- `waiting`: the arrivals that wait at the gateway while no server admits.
+"""

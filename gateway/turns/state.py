@@ -1,0 +1,314 @@
+"""A turns pair's memory state: the one record of which server holds the GPUs' memory, and of
+each step of a turn or a settling in progress. Pure: no I/O, no clock (time is passed in).
+
+    discovering ──discovered──▶ settling(plan) ──steps done──▶ holding(h) ──begin_turn──▶
+         ▲                          │                             ▲         handing(h→t, plan)
+         │ any step fails           │                             │               │
+         └──────────────────────────┴─────────────────────────────┴── steps done ─┘
+    discovered with nothing safe to do ──▶ stuck (discovery again after a while)
+
+What each server's memory is, as far as the gateway knows (`Memory`):
+    held       it owns its weights and KV cache (resumed, or never released)
+    released   /release_memory_occupation answered 200 (or it was never resumed)
+    releasing  a release was sent and no answer came (yet): held or released
+    resuming   a resume was sent and no answer came (yet)
+    unknown    nothing known (a gateway started without its journal)
+    gone       it does not answer /ping: a dead process holds no GPU memory
+    hung       alive, but its scheduler stopped answering in a resume (SGLang's resume
+               without free memory never answers again): never sent anything more
+
+The order of a turn, and why (SGLang 0.5.23): a release while requests run kills the server
+(weight_updater.py:339-341), a second release or resume of the same tags kills it, and a
+resume while the other holds the memory never answers. So a release or resume is sent only
+from `held` / `released` respectively, exactly once, and never both servers hold.
+After a failure, the facts above and fresh probes decide (`discovered`): the pair ends
+serving on the one server that holds the memory, or on the one that can take it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from gateway.config import ROLES, Role
+
+Memory = Literal["held", "released", "releasing", "resuming", "unknown", "gone", "hung"]
+Phase = Literal["discovering", "settling", "holding", "handing", "stuck"]
+PHASES: tuple[Phase, ...] = Phase.__args__  # type: ignore[attr-defined]
+Action = Literal["stop_admitting", "move_unstarted", "running_streams", "pause", "release",
+                 "check_memory", "resume", "continue", "check_ready", "check_speculation"]
+ACTIONS: tuple[Action, ...] = Action.__args__  # type: ignore[attr-defined]
+# How a step can fail: an error answer, no answer in time, the server gone (connection
+# refused or reset), or a check that did not pass.
+FailureKind = Literal["error", "timeout", "gone", "check"]
+FAILURE_KINDS: tuple[FailureKind, ...] = FailureKind.__args__  # type: ignore[attr-defined]
+SETTLE_ATTEMPTS = 3  # plans in a row that failed before the pair is stuck (retried slowly)
+
+
+def other(role: Role) -> Role:
+    return "plain" if role == "mtp" else "mtp"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    action: Action
+    role: Role  # the server it acts on; for the two stream steps, the one they leave
+
+    def __str__(self) -> str:
+        return f"{self.action}({self.role})"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    step: Step
+    kind: FailureKind
+    detail: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One server, probed: /ping 200 (the process serves HTTP), /ready 200 (not paused, takes
+    requests), and whether its scheduler answered /server_info in time (it is not stuck in a
+    control call: SGLang's scheduler takes control requests in order, so an answer after a
+    release or resume was sent means that call has finished)."""
+
+    alive: bool
+    ready: bool = False
+    scheduler_answers: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PairMemory:
+    phase: Phase
+    memory: tuple[tuple[Role, Memory], ...]  # per role, in ROLES order
+    plan: tuple[Step, ...] = ()  # the steps left; the first is the one in progress
+    target: Role | None = None  # who holds the memory when the plan is done
+    since: float = 0.0  # when the phase began
+    step_since: float = 0.0  # when the step in progress began
+    failure: Failure | None = None  # the latest failure (kept for /admin/state)
+    failed_plans: int = 0  # plans in a row that failed since the pair last held
+    speculation_lost: bool = False  # MTP came back with drafts that no longer pay
+    avoid: Role | None = None  # a server that failed to take the memory: the other first
+    why: str = ""  # stuck: what nothing safe could be done about
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def of(self, role: Role) -> Memory:
+        return dict(self.memory)[role]
+
+    @property
+    def holder(self) -> Role | None:
+        """The server that holds the memory, when one surely does."""
+        held = [role for role, memory in self.memory if memory == "held"]
+        return held[0] if len(held) == 1 else None
+
+    @property
+    def admitting(self) -> Role | None:
+        """Where new requests may go now; None: they wait at the gateway."""
+        return self.holder if self.phase == "holding" else None
+
+    @property
+    def step(self) -> Step | None:
+        return self.plan[0] if self.phase in ("settling", "handing") and self.plan else None
+
+    @property
+    def source(self) -> Role | None:
+        """The server a turn in progress leaves."""
+        return other(self.target) if self.phase == "handing" and self.target else None
+
+
+def initial(now: float, memory: Mapping[Role, Memory] | None = None) -> PairMemory:
+    """At start: what the journal says (else nothing), to be settled by discovery."""
+    known = dict(memory or {})
+    facts = tuple((role, known.get(role, "unknown")) for role in ROLES)
+    return PairMemory("discovering", _after_restart(facts), since=now, step_since=now)
+
+
+def _after_restart(facts: tuple[tuple[Role, Memory], ...]) -> tuple[tuple[Role, Memory], ...]:
+    # `hung` is a fact about a process that a restart of it ends: probes find it again.
+    return tuple((role, "unknown" if memory == "hung" else memory) for role, memory in facts)
+
+
+def _with(state: PairMemory, role: Role, memory: Memory) -> tuple[tuple[Role, Memory], ...]:
+    return tuple((r, memory if r == role else m) for r, m in state.memory)
+
+
+# --- a turn ----------------------------------------------------------------------------------
+
+def turn_plan(source: Role, target: Role) -> tuple[Step, ...]:
+    """A turn in order (DESIGN.md §9). The streams go to the target while it is paused: SGLang
+    holds new requests in its tokenizer until /continue_generation (tokenizer_manager.py:938-939)."""
+    steps = [Step("stop_admitting", source), Step("move_unstarted", source),
+             Step("running_streams", source), Step("pause", source), Step("release", source),
+             Step("check_memory", source), Step("resume", target), Step("continue", target),
+             Step("check_ready", target)]
+    if target == "mtp":  # the draft weights can come back wrong without an error (#31674)
+        steps.append(Step("check_speculation", target))
+    return tuple(steps)
+
+
+def begin_turn(state: PairMemory, target: Role, now: float) -> PairMemory:
+    """Hand the memory to `target`: only from holding, to the server that does not hold it."""
+    if state.phase != "holding" or state.holder is None or state.holder == target:
+        raise ValueError(f"no turn to {target} from {state.phase} (holder {state.holder})")
+    return replace(state, phase="handing", plan=turn_plan(state.holder, target), target=target,
+                   since=now, step_since=now, failed_plans=0, why="")
+
+
+def sending(state: PairMemory) -> PairMemory:
+    """The step in progress is about to send its call: a release or a resume is in doubt from
+    here until its answer (the journal says so before the call goes out)."""
+    step = state.step
+    if step is None or step.action not in ("release", "resume"):
+        return state
+    doubt: Memory = "releasing" if step.action == "release" else "resuming"
+    return replace(state, memory=_with(state, step.role, doubt))
+
+
+def step_done(state: PairMemory, now: float) -> PairMemory:
+    """The step in progress succeeded: its effect on the memory, then the next step; after
+    the last, the pair holds with its target."""
+    step = state.step
+    if step is None:
+        raise ValueError(f"no step in progress ({state.phase})")
+    memory = state.memory
+    if step.action == "release":
+        memory = _with(state, step.role, "released")
+    elif step.action == "resume":
+        memory = _with(state, step.role, "held")
+    rest = state.plan[1:]
+    if rest:
+        return replace(state, memory=memory, plan=rest, step_since=now)
+    return replace(state, phase="holding", memory=memory, plan=(), since=now, step_since=now,
+                   failed_plans=0, avoid=None)
+
+
+def step_failed(state: PairMemory, kind: FailureKind, detail: str, now: float, *,
+                sent: bool = True) -> PairMemory:
+    """The step in progress failed; the pair goes back to discovery, with what the failure
+    tells about the memory. `sent`: the call may have reached the server (False: the
+    connection was refused, so nothing happened there).
+
+    A failed speculation check is the one failure that does not stop the pair: MTP holds the
+    memory and answers correctly, only slower than it should; it is said and remembered, and
+    the turn back to plain is the decision's to make."""
+    step = state.step
+    if step is None:
+        raise ValueError(f"no step in progress ({state.phase})")
+    failure = Failure(step, kind, detail, now)
+    if step.action == "check_speculation":
+        done = step_done(state, now)
+        return replace(done, failure=failure, speculation_lost=True)
+    memory = state.memory
+    taking = step.action in ("check_memory", "resume", "continue", "check_ready")
+    avoid = state.target if taking else state.avoid
+    current = state.of(step.role)
+    if kind == "gone":
+        memory = _with(state, step.role, "gone")
+    elif not sent and current in ("releasing", "resuming"):  # it never reached the server
+        memory = _with(state, step.role, "held" if current == "releasing" else "released")
+    elif kind == "error" and current in ("releasing", "resuming"):
+        # SGLang answered with an error (http_server.py:1581-1583): the call did not happen.
+        memory = _with(state, step.role, "held" if current == "releasing" else "released")
+    return replace(state, phase="discovering", memory=memory, plan=(), target=None, since=now,
+                   step_since=now, failure=failure, failed_plans=state.failed_plans + 1,
+                   avoid=avoid)
+
+
+# --- discovery: what the facts and the probes make safe --------------------------------------
+
+def resolve(memory: Memory, probe: Probe) -> Memory:
+    """One server's memory from what was known and what the probe found."""
+    if not probe.alive:
+        return "gone"
+    if memory == "releasing":
+        return "released" if probe.scheduler_answers else "releasing"
+    if memory == "resuming":
+        return "held" if probe.scheduler_answers else "hung"
+    if memory in ("unknown", "gone", "hung") and probe.ready:
+        return "held"  # it takes requests: it holds its memory
+    if memory in ("gone", "hung"):
+        return "unknown"  # restarted: paused or not, nothing known of it
+    return memory
+
+
+def discovered(state: PairMemory, probes: Mapping[Role, Probe], preferred: Role, now: float,
+               *, memory_free: bool | None = None) -> PairMemory:
+    """Settle the pair from the facts and fresh probes: the plan that ends with one server
+    holding the memory and admitting, or `stuck` when no call is safe.
+
+    `memory_free`: the GPUs' memory is free (NVML, where visible; None: not visible): then a
+    paused server of unknown state holds nothing."""
+    if state.phase != "discovering" and state.phase != "stuck":
+        raise ValueError(f"discovery from {state.phase}")
+    facts = {role: resolve(state.of(role), probes[role]) for role in ROLES}
+    held = [role for role in ROLES if facts[role] == "held"]
+    for role in ROLES:  # a paused server beside one that holds (or free GPUs) holds nothing
+        if facts[role] == "unknown" and (len(held) == 1 or memory_free):
+            facts[role] = "released"
+    memory = tuple((role, facts[role]) for role in ROLES)
+    base = replace(state, memory=memory, since=now, step_since=now)
+    if state.failed_plans >= SETTLE_ATTEMPTS:
+        return replace(base, phase="stuck", plan=(), target=None,
+                       why=f"{state.failed_plans} settling plans failed in a row")
+    if state.avoid is not None:
+        preferred = other(state.avoid)
+    plan, target, why = _settle_plan(facts, probes, preferred)
+    if target is None:
+        return replace(base, phase="stuck", plan=(), target=None, why=why)
+    if not plan:
+        return replace(base, phase="holding", plan=(), target=target, failed_plans=0, why="",
+                       avoid=None)
+    return replace(base, phase="settling", plan=plan, target=target, why="")
+
+
+def _settle_plan(facts: Mapping[Role, Memory], probes: Mapping[Role, Probe], preferred: Role
+                 ) -> tuple[tuple[Step, ...], Role | None, str]:
+    doubt = [role for role in ROLES if facts[role] in ("releasing", "unknown")]
+    held = [role for role in ROLES if facts[role] == "held"]
+    steps: list[Step] = []
+    if len(held) == 2:  # both resident (started unparked): the one not wanted gives way
+        holder = preferred
+        steps += [Step("pause", other(holder)), Step("release", other(holder))]
+    elif len(held) == 1:
+        holder = held[0]
+    else:
+        if doubt:
+            names = ", ".join(f"{role} ({facts[role]})" for role in doubt)
+            return (), None, (f"cannot tell whether {names} holds the memory: resuming the other "
+                              "could hang it, so the pair waits (a journal, turns.state_file, "
+                              "or NVML tells)")
+        takers = [role for role in ROLES if facts[role] == "released"]
+        if not takers:
+            states = ", ".join(f"{role} {facts[role]}" for role in ROLES)
+            return (), None, f"no server can take the memory ({states})"
+        holder = preferred if preferred in takers else takers[0]
+        steps += [Step("check_memory", holder), Step("resume", holder)]
+    if steps or not probes[holder].ready:
+        steps += [Step("continue", holder), Step("check_ready", holder)]
+    if any(step.action == "resume" for step in steps) and holder == "mtp":
+        steps.append(Step("check_speculation", holder))
+    if probes[other(holder)].alive:  # what waits on the other server comes to the holder
+        steps.append(Step("move_unstarted", other(holder)))
+    return tuple(steps), holder, ""
+
+
+def journal(state: PairMemory) -> dict[str, object]:
+    """What survives a gateway restart: each server's memory, and the step in doubt."""
+    step = state.step
+    return {"memory": dict(state.memory), "phase": state.phase,
+            "step": None if step is None else str(step)}
+
+
+def from_journal(data: object, now: float) -> PairMemory:
+    """The state after a restart, from a journal (anything unreadable: nothing known)."""
+    memory = data.get("memory") if isinstance(data, dict) else None
+    known: dict[Role, Memory] = {}
+    if isinstance(memory, dict):
+        for role in ROLES:
+            value = memory.get(role)
+            if value in Memory.__args__:  # type: ignore[attr-defined]
+                known[role] = value
+    return initial(now, known)
