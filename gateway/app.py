@@ -25,6 +25,7 @@ from gateway.monitor import Monitor
 from gateway.pool import Pool
 from gateway.relay import ProxyEndpoint
 from gateway.routes import router as api_routes
+from gateway.turns.wiring import build_turns
 from gateway.upstream import Upstream
 
 log = logging.getLogger("mtp_gateway")
@@ -42,6 +43,8 @@ class Runtime:
         self.upstream = Upstream(connect_timeout_s=settings.timeouts.connect_s)
         self.monitor = Monitor(settings, self.pool, self.upstream)
         self.proxy = ProxyEndpoint(lambda: self.settings, self.pool, self.upstream, self.metrics)
+        self.turns = build_turns(settings, self.pool, self.upstream, self.proxy, registry)
+        self.proxy.waiting = self.turns.waiting
 
     def apply_routing(self, settings: Settings) -> None:
         """Swap in a new routing section (and the pairs' own routing values, when the pairs
@@ -80,7 +83,7 @@ class Runtime:
             self.apply_routing(fresh)
             log.warning("routing reloaded from %s: %s", self.config_path, fresh.routing)
         ignored = [k for k in ("listen", "backends", "timeouts", "limits", "auth", "monitor",
-                                 "log") if getattr(fresh, k) != getattr(self.settings, k)]
+                                 "log", "memory", "turns") if getattr(fresh, k) != getattr(self.settings, k)]
         if _servers(fresh) != _servers(self.settings):
             ignored.append("pairs")
         if ignored:
@@ -121,7 +124,8 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.upstream.start()
-        tasks = [asyncio.create_task(runtime.monitor.run(), name="monitor")]
+        tasks = [asyncio.create_task(runtime.monitor.run(), name="monitor"),
+                 *runtime.turns.start()]
         if runtime.config_path is not None:
             tasks.append(asyncio.create_task(runtime.watch_config(), name="config-watch"))
         try:

@@ -11,6 +11,8 @@ load), and its circuit. Every field is written by a method of this class and by 
     reported load                    the monitor's /v1/loads reading (record_loads)
     endpoints it lacks               the monitor (record_missing)
     circuit                          the lease's verdict at its end (circuit_success / _failure)
+    parked                           a turns pair's driver (gateway/turns): not holding the
+                                     memory, paused; the monitor leaves it alone
 
 Time is passed in (`now`, monotonic seconds), never read here: the circuit's open period ends
 when a decision looks at it after `open_until`, not by a timer, so virtual time drives it too.
@@ -89,6 +91,8 @@ class BackendState:
     missing_endpoints: frozenset[str] = frozenset()  # SGLang's own, answered 404/405
     # --- written by the lease's verdict
     circuit: Circuit = field(default_factory=Circuit)
+    # --- written by a turns pair's driver
+    parked: bool = False
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -165,6 +169,15 @@ class BackendState:
             circuit.trial_in_flight = False
             return True
         return False
+
+    # --- a turns pair's driver ---------------------------------------------------------------
+
+    def set_parked(self, parked: bool) -> None:
+        """Parked: paused without the memory (its probes say nothing of its health). Unparked
+        after the driver saw it ready: its probes count again, from a clean streak."""
+        if self.parked and not parked:
+            self.up, self.good_probes, self.bad_probes = True, 0, 0
+        self.parked = parked
 
     # --- the monitor -------------------------------------------------------------------------
 

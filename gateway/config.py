@@ -183,6 +183,13 @@ class Turns(_Frozen):
     min_free_fraction: float = Field(0.5, gt=0, le=1)  # ... this much of each GPU free
     min_accept_length: float = Field(1.2, ge=0)  # after a resume into MTP (0: no check)
     stuck_retry_s: float = Field(5.0, gt=0)  # a stuck pair is discovered again this often
+    # When to hand over (gateway/turns/decision.py), with the routing's crossover, hysteresis
+    # and min_dwell_s: a turn's cost until one is measured, the dwell in turns' costs, and how
+    # long the load must stand on the other side first.
+    turn_cost_s: float = Field(1.5, ge=0)
+    dwell_turns: float = Field(10.0, ge=0)
+    to_plain_after_s: float = Field(0.0, ge=0)
+    to_mtp_after_s: float = Field(5.0, ge=0)
     state_file: str | None = None  # the journal a restart settles from (one per node)
 
 

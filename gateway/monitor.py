@@ -86,6 +86,8 @@ class Monitor:
         self._rounds += 1
 
     async def probe(self, backend: BackendState) -> None:
+        if backend.parked:  # a turns pair's server without the memory: paused, not down
+            return
         target = backend.target
         budget = self.settings.monitor.request_timeout_s
         headers = [(b"authorization", f"Bearer {target.api_key}".encode())] if target.api_key else []

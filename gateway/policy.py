@@ -42,6 +42,10 @@ Reason = Literal[
     "pinned",
     "static_policy",
     "no_backend",
+    # Set by the pool for a turns pair (gateway/turns), not by decide(): the server that
+    # holds the memory serves; none does while a turn is under way (the request waits).
+    "memory_holder",
+    "memory_turn",
 ]
 REASONS: tuple[Reason, ...] = Reason.__args__  # type: ignore[attr-defined]
 # Above where plain is faster alone, it keeps this many more requests while MTP is idle.

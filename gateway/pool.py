@@ -26,7 +26,8 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from gateway.adaptive import SETTLE_S, Advice, CrossoverEstimator
 from gateway.backends import BackendState, CircuitRules, ProbeRules, Role
@@ -91,6 +92,18 @@ def pair_specs(settings: Settings) -> list[PairSpec]:
     return [PairSpec(p.name, p.mtp, p.plain, settings.routing_for(p)) for p in settings.fleet()]
 
 
+class MemoryGate(Protocol):
+    """A turns pair's memory state, as the pool reads it (gateway/turns/driver.PairDriver)."""
+
+    @property
+    def admitting(self) -> Role | None: ...
+
+    @property
+    def waiting_for_turn(self) -> bool: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
 @dataclass(eq=False)
 class PairState:
     """One pair's two backends, and its own mode, routing and learned crossover (the trade-off
@@ -106,6 +119,9 @@ class PairState:
     moved: int = 0  # requests moved off its MTP server at flips (Lease.move_to), ever
     estimator: CrossoverEstimator = field(default_factory=CrossoverEstimator)
     sessions: SessionActivity = field(default_factory=lambda: SessionActivity())
+    # A turns pair: only the server holding the memory is admitted to (its other is parked,
+    # BackendState.parked); None for a split pair.
+    turns: MemoryGate | None = None
 
     @property
     def accept_length(self) -> float | None:
@@ -310,7 +326,7 @@ class Pool:
         reported = (backend.reported_load(now, self.loads_max_age_s)
                     if self.use_backend_loads else None)
         return BackendView(
-            healthy=backend.accepting(now) and backend.name not in exclude,
+            healthy=backend.accepting(now) and backend.name not in exclude and not backend.parked,
             inflight=backend.inflight,
             effective_cap=backend.effective_cap,
             reported_load=reported,
@@ -349,7 +365,9 @@ class Pool:
         choice = choose_pair(self.pair_views(now, exclude), session_pair, self.affinity_slack)
         if choice.pair is None:
             first = next(iter(self.pairs.values()))
-            return Placement(None, Decision(None, "no_backend", first.mode, first.mode_since),
+            reason = "memory_turn" if any(p.turns is not None and p.turns.waiting_for_turn
+                                          for p in self.pairs.values()) else "no_backend"
+            return Placement(None, Decision(None, reason, first.mode, first.mode_since),
                              choice)
         pair = self.pairs[choice.pair]
         role = session_backend.role if session_backend is not None and session_pair == pair.name \
@@ -360,6 +378,8 @@ class Pool:
     def _place_in(self, pair: PairState, choice: PairChoice, facts: RequestFacts, now: float,
                   exclude: Collection[str]) -> Placement:
         decision = decide(self.snapshot(pair, now, exclude), facts, pair.routing, now)
+        if pair.turns is not None:
+            decision = _turns_reason(decision, pair.turns)
         if pair.mode == "mtp" and decision.mode == "plain":
             pair.flipped_to_plain = True
         if decision.mode != pair.mode:
@@ -385,10 +405,23 @@ class Pool:
             if not pair.flipped_to_plain:  # every admission asks: the usual answer is cheap
                 continue
             pair.flipped_to_plain = False
+            if pair.turns is not None:  # plain is parked: a turn moves them (gateway/turns)
+                continue
             planned = plan_moves(self.snapshot(pair, now), pair.routing, flipped=True)
             if planned:
                 moves[pair.name] = planned
         return moves
+
+
+def _turns_reason(decision: Decision, gate: MemoryGate) -> Decision:
+    """In a turns pair the server holding the memory serves whatever the load asks; while
+    none admits, the request waits for the turn."""
+    if decision.backend is None:
+        reason = "memory_turn" if gate.waiting_for_turn else decision.reason
+        return replace(decision, reason=reason)
+    if decision.reason == "failover":  # the mode's server is parked, not failed
+        return replace(decision, reason="memory_holder")
+    return decision
 
 
 @dataclass(eq=False)

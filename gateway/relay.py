@@ -55,6 +55,7 @@ from gateway.placement import prompt_tokens_from_bytes
 from gateway.pool import Ask, Failure, Lease, Outcome, Pool, SessionMap, Verdict
 from gateway.sse import EventFramer, split_events
 from gateway.streams import ending, ends_in_error, event_error, leads_in
+from gateway.turns.waiting import WaitingRoom
 from gateway.upstream import Upstream, UpstreamResponse
 from gateway.watchdog import CLIENT_GONE, KEEPALIVE, Watchdog
 
@@ -74,10 +75,17 @@ _SSE_CONTENT_TYPE = [(b"content-type", b"text/event-stream; charset=utf-8")]
 
 
 SHUTDOWN = "shutdown"
+MEMORY_TURN = "memory_turn"
 
 
 class ShuttingDown(GatewayError):
     status, type, code, kind = 503, "server_error", "gateway_shutting_down", "shutdown"
+
+
+class EndedByTurn(GatewayError):
+    """A turns pair handed its memory over before this request finished (gateway/turns)."""
+
+    status, type, code, kind = 503, "server_error", "memory_turn", "memory_turn"
 
 
 class UpstreamStatus(UpstreamError):
@@ -176,6 +184,8 @@ class ProxyEndpoint:
         # Streams waiting for their first event, per backend, in arrival order: what a
         # planned move at a pair's flip can take.
         self.unstarted: dict[BackendState, dict[Exchange, None]] = {}
+        self.exchanges: set[Exchange] = set()  # every request relayed now (a turn ends some)
+        self.waiting: WaitingRoom | None = None  # turns pairs: arrivals wait for a turn here
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.monotonic()
@@ -200,6 +210,9 @@ class ProxyEndpoint:
             ask = Ask(inbound.session, inbound.pin, self.stored.get(inbound.previous_response_id),
                       prompt_tokens_from_bytes(len(body)))
             admitted = self.pool.admit(ask, started)
+            if self.waiting is not None and _waits_for_turn(admitted):
+                admitted = await self.waiting.admit(
+                    lambda: self.pool.admit(ask, time.monotonic()), _waits_for_turn)
             if not isinstance(admitted, Lease):
                 raise NoBackend("no healthy backend: all are down or their circuits are open",
                                 headers={"retry-after": "5"})
@@ -225,6 +238,7 @@ class ProxyEndpoint:
                             writer=client_writer(scope))
         listener = asyncio.create_task(_watch_disconnect(receive, watchdog))
         watchdog.start()
+        self.exchanges.add(exchange)
         try:
             await self._run(exchange, send, settings)
         except asyncio.CancelledError:
@@ -238,6 +252,7 @@ class ProxyEndpoint:
             log.exception("unexpected error relaying %s", inbound.path)
             await self._failed(exchange, send, GatewayError("internal gateway error"))
         finally:
+            self.exchanges.discard(exchange)
             watchdog.stop()
             listener.cancel()
             if exchange.upstream is not None:
@@ -387,6 +402,23 @@ class ProxyEndpoint:
             chosen = candidates[max(0, len(candidates) - moves.not_started):]
             for exchange in chosen:
                 self._move(exchange, target, now)
+
+    def move_all_unstarted(self, source: BackendState, target: BackendState) -> int:
+        """A turn: every stream on `source` that has had no byte moves to `target` (which
+        holds new requests while paused: SGLang's tokenizer_manager.py:938-939)."""
+        now = time.monotonic()
+        chosen = [e for e in self.unstarted.get(source, ()) if _movable(e, source, target)]
+        for exchange in chosen:
+            self._move(exchange, target, now)
+        return len(chosen)
+
+    def end_running(self, source: BackendState, why: str) -> int:
+        """A turn: every request still on `source` ends now, with an error in its API's
+        shape (EndedByTurn), its upstream aborted."""
+        ending = [e for e in self.exchanges if e.lease.backend is source and not e.lease.ended]
+        for exchange in ending:
+            exchange.watchdog.kick(MEMORY_TURN)
+        return len(ending)
 
     def _move(self, exchange: Exchange, target: BackendState, now: float) -> None:
         """Cancel the attempt where it waits (SGLang frees its queue slot at the abort, not at
@@ -571,6 +603,10 @@ class ProxyEndpoint:
             exchange.ended, exchange.status = CLIENT_GONE, exchange.status or 499
         elif reason == SHUTDOWN:
             await self._failed(exchange, send, ShuttingDown("the gateway is shutting down; retry"))
+        elif reason == MEMORY_TURN:
+            await self._failed(exchange, send, EndedByTurn(
+                f"backend '{backend}' handed its GPU memory to the other server of its pair "
+                "before this request finished; retry", headers={"retry-after": "1"}))
         else:
             exc = UpstreamTimeout(f"backend '{backend}' {reason.replace('_', ' ')}", kind=reason)
             await self._failed(exchange, send, exc)
@@ -688,6 +724,10 @@ async def _unwind(opening: asyncio.Future[Any]) -> None:
     await asyncio.wait((opening,))
     if not opening.cancelled():
         opening.exception()  # retrieved: a failure of the old attempt judges no one
+
+
+def _waits_for_turn(admitted: Lease | Any) -> bool:
+    return not isinstance(admitted, Lease) and admitted.decision.reason == "memory_turn"
 
 
 def _key_matches(given: str | None, keys: tuple[str, ...]) -> bool:

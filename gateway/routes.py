@@ -86,6 +86,9 @@ def routing_state(runtime: Any, *, with_urls: bool) -> dict[str, Any]:
     ttft = {name: {"sum": total, "count": count}
             for name, (total, count) in runtime.metrics.ttft_totals.items()}
     first = pairs[0]
+    for pair in pairs:  # a turns pair's memory (gateway/turns): who holds it, the turn's step
+        driver = pool.pairs[pair["name"]].turns
+        pair["memory"] = driver.describe() if driver is not None else {"phase": "split"}
     return {
         "ttft": ttft,
         "mode": first["mode"], "mode_for_s": first["mode_for_s"],
@@ -96,6 +99,7 @@ def routing_state(runtime: Any, *, with_urls: bool) -> dict[str, Any]:
         "backends": {name: backend_state(b, now, with_urls=with_urls)
                      for name, b in pool.backends.items()},
         "sessions": len(pool.sessions),
+        "memory_turn_waiting": 0 if runtime.proxy.waiting is None else runtime.proxy.waiting.waiting,
     }
 
 

@@ -34,6 +34,7 @@ from typing import Literal
 from gateway.config import ROLES, Role
 
 Memory = Literal["held", "released", "releasing", "resuming", "unknown", "gone", "hung"]
+MEMORIES: tuple[Memory, ...] = Memory.__args__  # type: ignore[attr-defined]
 Phase = Literal["discovering", "settling", "holding", "handing", "stuck"]
 PHASES: tuple[Phase, ...] = Phase.__args__  # type: ignore[attr-defined]
 Action = Literal["stop_admitting", "move_unstarted", "running_streams", "pause", "release",
@@ -157,6 +158,14 @@ def begin_turn(state: PairMemory, target: Role, now: float) -> PairMemory:
                    since=now, step_since=now, failed_plans=0, why="")
 
 
+def holder_lost(state: PairMemory, now: float) -> PairMemory:
+    """The server holding the memory stopped answering while the pair held (the monitor found
+    it down): discovery, which gives the memory to the other if the holder is gone."""
+    if state.phase != "holding":
+        raise ValueError(f"no holder to lose in {state.phase}")
+    return replace(state, phase="discovering", since=now, step_since=now)
+
+
 def sending(state: PairMemory) -> PairMemory:
     """The step in progress is about to send its call: a release or a resume is in doubt from
     here until its answer (the journal says so before the call goes out)."""
@@ -189,7 +198,8 @@ def step_failed(state: PairMemory, kind: FailureKind, detail: str, now: float, *
                 sent: bool = True) -> PairMemory:
     """The step in progress failed; the pair goes back to discovery, with what the failure
     tells about the memory. `sent`: the call may have reached the server (False: the
-    connection was refused, so nothing happened there).
+    connection was refused, so nothing happened there). `gone`: the connection was refused
+    or lost; whether the process is gone, the probes say.
 
     A failed speculation check is the one failure that does not stop the pair: MTP holds the
     memory and answers correctly, only slower than it should; it is said and remembered, and
@@ -205,12 +215,11 @@ def step_failed(state: PairMemory, kind: FailureKind, detail: str, now: float, *
     taking = step.action in ("check_memory", "resume", "continue", "check_ready")
     avoid = state.target if taking else state.avoid
     current = state.of(step.role)
-    if kind == "gone":
-        memory = _with(state, step.role, "gone")
-    elif not sent and current in ("releasing", "resuming"):  # it never reached the server
-        memory = _with(state, step.role, "held" if current == "releasing" else "released")
-    elif kind == "error" and current in ("releasing", "resuming"):
-        # SGLang answered with an error (http_server.py:1581-1583): the call did not happen.
+    if current in ("releasing", "resuming") and (not sent or kind == "error"):
+        # Refused before it was sent, or SGLang answered with an error
+        # (http_server.py:1581-1583): the call did not happen. Otherwise (no answer, or the
+        # connection lost after sending) it stays in doubt; the probes decide, and a dead
+        # process holds nothing.
         memory = _with(state, step.role, "held" if current == "releasing" else "released")
     return replace(state, phase="discovering", memory=memory, plan=(), target=None, since=now,
                    step_since=now, failure=failure, failed_plans=state.failed_plans + 1,
@@ -218,6 +227,13 @@ def step_failed(state: PairMemory, kind: FailureKind, detail: str, now: float, *
 
 
 # --- discovery: what the facts and the probes make safe --------------------------------------
+
+def rediscover(state: PairMemory, now: float) -> PairMemory:
+    """A stuck pair, after a while: probe again, with a fresh count of attempts."""
+    if state.phase != "stuck":
+        raise ValueError(f"rediscovery from {state.phase}")
+    return replace(state, phase="discovering", failed_plans=0, since=now, step_since=now)
+
 
 def resolve(memory: Memory, probe: Probe) -> Memory:
     """One server's memory from what was known and what the probe found."""
@@ -309,6 +325,6 @@ def from_journal(data: object, now: float) -> PairMemory:
     if isinstance(memory, dict):
         for role in ROLES:
             value = memory.get(role)
-            if value in Memory.__args__:  # type: ignore[attr-defined]
+            if value in MEMORIES:
                 known[role] = value
     return initial(now, known)

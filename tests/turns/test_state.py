@@ -14,6 +14,7 @@ from gateway.turns.state import (
     begin_turn,
     discovered,
     from_journal,
+    holder_lost,
     initial,
     journal,
     sending,
@@ -131,8 +132,6 @@ def test_a_failure_before_the_release_rolls_back_to_the_source(action):
 @pytest.mark.parametrize("kind,sent", [("error", True), ("gone", False), ("timeout", False)])
 def test_a_release_that_did_not_happen_leaves_the_source_holding(kind, sent):
     state = run_until(begin_turn(holding(), "plain", 1.0), "release")
-    if kind == "gone":  # refused: nothing reached it, and the process is still there
-        kind = "error"
     state = step_failed(state, kind, "release failed", 2.0, sent=sent)
     assert state.of("mtp") == "held"
     state = discovered(state, {"mtp": PAUSED, "plain": PAUSED}, "plain", 3.0)
@@ -161,10 +160,9 @@ def test_a_release_still_running_leaves_the_pair_stuck_and_waiting():
 
 def test_the_source_dying_mid_turn_frees_its_memory_for_the_target():
     state = run_until(begin_turn(holding(), "plain", 1.0), "pause")
-    state = step_failed(state, "gone", "connection refused", 2.0)
-    assert state.of("mtp") == "gone"
+    state = step_failed(state, "gone", "connection refused", 2.0, sent=False)
     state = discovered(state, {"mtp": DEAD, "plain": PAUSED}, "mtp", 3.0)
-    assert state.target == "plain"
+    assert state.of("mtp") == "gone" and state.target == "plain"
     assert Step("move_unstarted", "mtp") not in state.plan  # nothing to ask a dead server
     assert finish(state).admitting == "plain"
 
@@ -222,11 +220,28 @@ def test_the_target_holding_but_not_serving_is_retried_then_stuck(action):
     assert state.phase == "stuck"
 
 
+def test_a_release_whose_connection_broke_is_in_doubt_until_the_probes_tell():
+    state = step_failed(run_until(begin_turn(holding(), "plain", 1.0), "release"),
+                        "gone", "closed before answering", 2.0)
+    assert state.of("mtp") == "releasing"
+    dead = discovered(state, {"mtp": DEAD, "plain": PAUSED}, "mtp", 3.0)
+    assert dead.of("mtp") == "gone" and dead.target == "plain"
+
+
 def test_the_target_dying_after_its_resume_frees_the_memory_for_the_source():
     state = step_failed(run_until(begin_turn(holding(), "plain", 1.0), "continue"),
                         "gone", "connection reset", 2.0)
     state = discovered(state, {"mtp": PAUSED, "plain": DEAD}, "plain", 3.0)
     assert state.target == "mtp" and finish(state).admitting == "mtp"
+
+
+def test_a_holder_lost_while_holding_is_settled_again():
+    state = holder_lost(holding("mtp"), 5.0)
+    assert state.phase == "discovering" and state.admitting is None
+    state = discovered(state, {"mtp": DEAD, "plain": PAUSED}, "mtp", 6.0)
+    assert state.target == "plain" and finish(state).admitting == "plain"
+    with pytest.raises(ValueError):
+        holder_lost(state, 7.0)
 
 
 def test_speculation_that_no_longer_pays_keeps_serving_and_is_remembered():

@@ -1,0 +1,106 @@
+"""The turns pairs of one gateway, assembled: a driver per pair, the waiting room, the
+metrics and the journal. `build_turns` is called once by the app's Runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from gateway.config import Role, Settings, Turns
+from gateway.policy import load_against_crossover
+from gateway.pool import PairState, Pool
+from gateway.turns.decision import NEVER, LoadSignal, TurnRules, decide_turn, wanted
+from gateway.turns.decision import PairMemory as TurnMemory
+from gateway.turns.driver import Journal, PairDriver, Streams
+from gateway.turns.metrics import TurnMetrics
+from gateway.turns.saver import MemorySaver
+from gateway.turns.state import PairMemory
+from gateway.turns.waiting import WaitingRoom
+from gateway.upstream import Upstream
+
+
+class LoadWish:
+    """The pure hand-over decision (gateway/turns/decision.py) fed with the pair's load as the
+    routing measures it (its crossover and hysteresis), the requests waiting for a turn, the
+    routing's min_dwell_s and the last turn's measured cost. MTP is never wished for again
+    once its speculation came back lost (the operator restarts it)."""
+
+    def __init__(self, pool: Pool, pair: PairState, turns: Turns,
+                 waiting: Callable[[], int]) -> None:
+        self.pool, self.pair, self.turns, self.waiting = pool, pair, turns, waiting
+        self.since = NEVER  # the first turn needs no dwell
+        self.across_since: float | None = None
+        self.turn_cost_s = turns.turn_cost_s
+
+    def load(self, now: float) -> LoadSignal:
+        level, crossover, band = load_against_crossover(self.pool.snapshot(self.pair, now),
+                                                        self.pair.routing)
+        return LoadSignal(level + self.waiting(), crossover, band)
+
+    def rules(self) -> TurnRules:
+        routing, turns = self.pair.routing, self.turns
+        return TurnRules(turn_cost_s=self.turn_cost_s, dwell_turns=turns.dwell_turns,
+                         min_dwell_s=routing.min_dwell_s, to_plain_after_s=turns.to_plain_after_s,
+                         to_mtp_after_s=turns.to_mtp_after_s,
+                         prefill_tokens_per_s=routing.prefill_tokens_per_s)
+
+    def turn_to(self, state: PairMemory, now: float) -> Role | None:
+        if state.holder is None:
+            return None
+        decision = decide_turn(TurnMemory(state.holder, self.since, self.across_since),
+                               self.load(now), self.rules(), now)
+        self.across_since = decision.across_since
+        if not decision.hand_over or (decision.to == "mtp" and state.speculation_lost):
+            return None
+        return decision.to
+
+    def preferred(self) -> Role:
+        return wanted("mtp", self.load(time.monotonic()))
+
+    def settled(self, holder: Role, now: float, turn_s: float | None) -> None:
+        """A turn restarts the dwell; a settling (at start, after a failure) does not: the
+        holder it found may have held for long."""
+        self.across_since = None
+        if turn_s is not None:
+            self.since, self.turn_cost_s = now, turn_s
+
+
+class TurnsRuntime:
+    def __init__(self, drivers: dict[str, PairDriver], waiting: WaitingRoom | None) -> None:
+        self.drivers = drivers
+        self.waiting = waiting
+
+    def start(self) -> list[asyncio.Task[None]]:
+        return [asyncio.create_task(driver.run(), name=f"turns-{name}")
+                for name, driver in self.drivers.items()]
+
+    def state(self) -> dict[str, Any]:
+        return {name: driver.describe() for name, driver in self.drivers.items()}
+
+
+def build_turns(settings: Settings, pool: Pool, upstream: Upstream, streams: Streams,
+                registry: CollectorRegistry) -> TurnsRuntime:
+    """A driver for every pair with `memory: turns` (none: nothing runs, nothing waits)."""
+    turns = settings.turns
+    names = [p.name for p in settings.fleet() if settings.memory_of(p) == "turns"]
+    if not names:
+        return TurnsRuntime({}, None)
+    waiting = WaitingRoom(turns.wait_max_requests, turns.wait_max_s, turns.retry_after_s)
+    drivers: dict[str, PairDriver] = {}
+    metrics = TurnMetrics(registry, lambda: drivers, lambda: waiting.waiting)
+    journal = Journal(turns.state_file)
+    for name in names:
+        pair = pool.pairs[name]
+        savers = {role: MemorySaver(upstream, backend.target, backend.name)
+                  for role, backend in pair.backends.items()}
+        driver = PairDriver(name, pair.backends, savers, streams, turns,
+                            wish=LoadWish(pool, pair, turns, lambda: waiting.waiting),
+                            journal=journal,
+                            events=metrics, on_change=waiting.changed)
+        pair.turns = driver
+        drivers[name] = driver
+    return TurnsRuntime(drivers, waiting)

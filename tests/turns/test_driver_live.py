@@ -1,0 +1,203 @@
+"""A turns pair, live on loopback, against a fake of SGLang's memory saver (tests/turns/
+fake_pair.py): a turn each way, and each step failing or timing out. Whatever happens, the
+pair ends serving on one server, never both hold the memory, no fake server dies of the
+gateway's calls, every stream ends whole or with an error in its API's shape, and in-flight
+returns to 0."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.app import create_app
+from gateway.config import build_settings
+from tests.live import serve_app, wait_until
+from tests.turns.fake_pair import Device, FakeServer, fake_pair
+
+CROSSOVER = 3
+ROUTING = {"crossover": CROSSOVER, "hysteresis": 2, "min_dwell_s": 0.3, "load_signal": "requests",
+           "adaptive_crossover": False, "adapt_to_accept_length": False}
+TURNS = {"finish_within_s": 5, "call_timeout_s": 1, "release_timeout_s": 1,
+         "resume_timeout_s": 1, "ready_within_s": 2, "wait_max_s": 20, "stuck_retry_s": 0.2,
+         "check_memory": False, "dwell_turns": 0, "to_mtp_after_s": 0.3}
+
+
+@contextlib.asynccontextmanager
+async def gateway(urls: dict[str, str], **turns: Any) -> AsyncIterator[tuple[Any, str]]:
+    settings = build_settings({
+        "backends": {role: {"url": url} for role, url in urls.items()}, "memory": "turns",
+        "routing": ROUTING, "turns": {**TURNS, **turns}, "monitor": {"interval_s": 0.05},
+        "log": {"access": False}})
+    app = create_app(settings, registry=CollectorRegistry())
+    async with serve_app(app) as url:
+        yield app.state.runtime, url
+
+
+def driver(runtime: Any) -> Any:
+    return runtime.turns.drivers["default"]
+
+
+async def holding(runtime: Any, role: str, timeout: float = 10) -> None:
+    await wait_until(lambda: driver(runtime).state.phase == "holding"
+                     and driver(runtime).state.holder == role, timeout=timeout)
+
+
+async def stream(client: httpx.AsyncClient, tokens: int = 30) -> str:
+    """One chat stream read to its end: 'whole', or the error it ended with."""
+    body = {"model": "m", "stream": True, "max_tokens": tokens,
+            "messages": [{"role": "user", "content": "hi"}]}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        text = (await response.aread()).decode()
+    if response.status_code != 200:
+        error = json.loads(text)["error"]  # OpenAI's shape
+        assert response.headers.get("retry-after"), text
+        return f"{response.status_code} {error['code']}"
+    if text.rstrip().endswith("data: [DONE]") and text.count('"finish_reason": "stop"') == 1:
+        assert text.count("w0 ") == 1 and f"w{tokens - 1} " in text, text  # nothing lost
+        return "whole"
+    match = re.search(r'data: (\{"error".*\})', text)
+    assert match, f"a stream ended without an error: {text[-300:]}"
+    return "error " + json.loads(match.group(1))["error"]["code"]
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+        elif wanted == "" and line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def load_then_quiet(client: httpx.AsyncClient, burst: int) -> list[str]:
+    """`burst` streams at once (the load crosses the crossover), then one alone."""
+    results = await asyncio.gather(*(stream(client) for _ in range(burst)))
+    return [*results, await stream(client)]
+
+
+def assert_safe(device: Device, servers: dict[str, FakeServer], runtime: Any) -> None:
+    assert device.most_holders == 1, "both servers held the memory at once"
+    assert device.deaths == [], device.deaths
+    assert runtime.pool.concurrency == 0
+    for server in servers.values():  # exactly once each, in SGLang's shape
+        assert all(call in ("pause:retract", 'release:{"tags": null}', 'resume:{"tags": null}',
+                            "continue") for call in server.calls), server.calls
+
+
+@pytest.mark.timeout(40)
+async def test_a_turn_each_way_keeps_every_stream_whole():
+    async with fake_pair("mtp") as (device, servers, urls), gateway(urls) as (runtime, url):
+        await holding(runtime, "mtp")
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            first = asyncio.gather(*(stream(client) for _ in range(6)))
+            await wait_until(lambda: driver(runtime).state.phase == "handing", timeout=10)
+            during = asyncio.gather(*(stream(client) for _ in range(3)))  # they wait for it
+            assert await first == await during + ["whole"] * 3 == ["whole"] * 6
+            await holding(runtime, "plain")
+            # those on mtp finished there or (unstarted) moved; those that waited: plain
+            assert servers["plain"].served >= 3
+            assert servers["plain"].served + servers["mtp"].served == 9
+            assert servers["mtp"].calls == ["pause:retract", 'release:{"tags": null}']
+            assert servers["plain"].calls == ['resume:{"tags": null}', "continue"]
+            # quiet again: a request on plain flips the mode back; the memory follows
+            assert await stream(client) == "whole"
+            await holding(runtime, "mtp")
+            assert await stream(client) == "whole"
+            metrics = (await client.get("/metrics")).text
+            state = (await client.get("/dashboard/state")).json()
+        assert metric(metrics, "gateway_memory_turns_total", outcome="done") == 2
+        assert metric(metrics, "gateway_memory_holder", backend="mtp") == 1
+        assert metric(metrics, "gateway_memory_turn_step_seconds_count", step="release") == 2
+        assert state["pairs"][0]["memory"]["holder"] == "mtp"
+        assert state["pairs"][0]["memory"]["turns"] == 2
+        assert_safe(device, servers, runtime)
+
+
+FAILURES = [  # (server, step, fault, the holder after, the failure's kind on /metrics)
+    ("mtp", "pause", "error", "mtp", "error"),
+    ("mtp", "release", "error", "mtp", "error"),
+    ("mtp", "release", "hang", None, "timeout"),  # stuck until it answers, then either
+    ("plain", "resume", "error", "mtp", "error"),
+    ("plain", "resume", "hang", "mtp", "timeout"),
+    ("plain", "continue", "error", "plain", "error"),
+    ("mtp", "pause", "die", "plain", "error"),
+    ("plain", "resume", "die", "mtp", "error"),
+]
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("server,step,fault,after,kind", FAILURES,
+                         ids=[f"{s}-{st}-{f}" for s, st, f, _, _ in FAILURES])
+async def test_a_step_failing_leaves_the_pair_serving_on_one_server(server, step, fault, after,
+                                                                    kind):
+    async with fake_pair("mtp") as (device, servers, urls), gateway(urls) as (runtime, url):
+        await holding(runtime, "mtp")
+        servers[server].faults[step] = fault
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            burst = asyncio.gather(*(stream(client) for _ in range(5)))
+            if after is None:  # the release hangs: the pair waits, then the release answers
+                await wait_until(lambda: driver(runtime).state.phase == "stuck", timeout=10)
+                servers[server].hang.set()
+            results = await burst
+            if after is None:
+                await wait_until(lambda: driver(runtime).state.phase == "holding", timeout=10)
+            else:
+                await holding(runtime, after)
+            assert await stream(client) == "whole"  # and it serves
+            metrics = (await client.get("/metrics")).text
+        assert all(r == "whole" or r.startswith(("error", "503")) for r in results), results
+        assert metric(metrics, "gateway_memory_turn_failures_total", step=step, kind=kind) == 1
+        assert metric(metrics, "gateway_memory_turns_total", outcome="failed") >= 1
+        assert device.most_holders == 1
+        assert [d for d in device.deaths if "injected" not in d] == [], device.deaths
+        assert runtime.pool.concurrency == 0
+        if fault == "hang":
+            servers[server].hang.set()
+
+
+@pytest.mark.timeout(40)
+async def test_a_gateway_restarted_mid_release_settles_from_its_journal(tmp_path: Path):
+    journal = tmp_path / "turns.json"
+    async with fake_pair("mtp") as (device, servers, urls):
+        servers["mtp"].faults["release"] = "hang"
+        async with gateway(urls, state_file=str(journal), release_timeout_s=30) as (runtime, url):
+            await holding(runtime, "mtp")
+            async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+                burst = asyncio.gather(*(stream(client) for _ in range(5)),
+                                       return_exceptions=True)
+                await wait_until(lambda: str(driver(runtime).state.step) == "release(mtp)",
+                                 timeout=10)
+                assert json.loads(journal.read_text())["pairs"]["default"]["memory"] == {
+                    "mtp": "releasing", "plain": "released"}
+            # the gateway goes down with the release unanswered; the release then finishes
+        servers["mtp"].hang.set()
+        burst.cancel()
+        async with gateway(urls, state_file=str(journal)) as (runtime, url):
+            await holding(runtime, "mtp")  # released, then resumed: the fresh mode is MTP's
+            async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+                assert await stream(client) == "whole"
+        assert servers["mtp"].calls == ["pause:retract", 'release:{"tags": null}',
+                                        'resume:{"tags": null}', "continue"]
+        assert servers["plain"].calls == []
+        assert device.most_holders == 1 and device.deaths == []
+
+
+@pytest.mark.timeout(30)
+async def test_a_gateway_started_beside_a_parked_pair_finds_the_holder():
+    async with fake_pair("plain") as (device, servers, urls), gateway(urls) as (runtime, url):
+        await holding(runtime, "plain")
+        assert servers["plain"].calls == servers["mtp"].calls == []  # nothing to change
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            assert await stream(client) == "whole"
+        assert device.deaths == []
