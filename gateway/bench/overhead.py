@@ -58,6 +58,7 @@ from gateway.bench.fast_upstream import EFFECTIVE_CAP, raise_nofile_limit
 from gateway.bench.overhead_client import machine_busy_s
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+NEVER_FLIP = 100_000  # the crossover (requests in flight) in the measured gateway's config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -208,10 +209,17 @@ class Harness:
         upstream_url = f"http://127.0.0.1:{self.upstream_port}"
         config = self.workdir / "gateway.yaml"
         counting = bool(getattr(self.args, "callgrind", None) or getattr(self.args, "cprofile", None))
+        root = Path(getattr(self.args, "gateway_root", None) or REPO_ROOT).resolve()
+        # An older checkout (--gateway-root) may predate the learned crossover.
+        learns = "crossover_bounds" in (root / "gateway" / "config.py").read_text()
         config.write_text(json.dumps({  # JSON is YAML
             "listen": {"host": "127.0.0.1", "port": self.gateway_port},
             "backends": {"mtp": {"url": upstream_url}, "plain": {"url": upstream_url}},
-            "routing": {"policy": "crossover", "crossover": 100000},
+            # Every stream stays on MTP: the relay's cost, not flips' and moves'. The learned
+            # crossover stays on as shipped, bounded out of reach (its prior from the fake
+            # upstream's caps put it near 44, and C=128 flipped the pair and moved streams).
+            "routing": {"policy": "crossover", "crossover": NEVER_FLIP,
+                        **({"crossover_bounds": [NEVER_FLIP - 1, NEVER_FLIP]} if learns else {})},
             # Counting instructions: one probe round at start, none that the wall time scales.
             "monitor": {"interval_s": 3600.0 if counting else 1.0},
             **json.loads(getattr(self.args, "gateway_config", None) or "{}"),
@@ -227,7 +235,6 @@ class Harness:
             command = [sys.executable, "-c", prelude, *serve]
         else:
             command = [sys.executable, "-m", "gateway", *serve]
-        root = Path(getattr(self.args, "gateway_root", None) or REPO_ROOT).resolve()
         if getattr(self.args, "callgrind", None):
             command = [*callgrind_prefix(Path(self.args.callgrind)), *command]
         elif getattr(self.args, "cprofile", None):
@@ -338,6 +345,29 @@ class Harness:
         except OSError:
             return {}
         return {"uvloop": "uvloop/loop." in maps, "httptools": "httptools/parser" in maps}
+
+    def gateway_routing(self) -> dict[str, float]:
+        """The gateway's own counts of where requests went (/metrics): `requests backend/reason`,
+        `moved from->to`, `retries from->to`. The relay's overhead is the one of streams that
+        stay where they were placed: a flip, a move or a retry in the run says otherwise."""
+        out: dict[str, float] = {}
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.gateway_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError as exc:
+            return {"error": 1.0, f"unreadable: {exc}": 1.0}
+        names = {"gateway_requests_total": ("requests", "backend", "reason"),
+                 "gateway_moved_requests_total": ("moved", "from_backend", "to_backend"),
+                 "gateway_retries_total": ("retries", "from_backend", "to_backend")}
+        for line in text.splitlines():
+            name, _, rest = line.partition("{")
+            if name not in names or "}" not in rest:
+                continue
+            what, first, second = names[name]
+            labels = dict(part.split("=", 1) for part in rest.split("}", 1)[0].split(",") if "=" in part)
+            key = f"{what} {labels.get(first, '').strip(chr(34))}/{labels.get(second, '').strip(chr(34))}"
+            out[key] = out.get(key, 0.0) + float(rest.rsplit(" ", 1)[1])
+        return out
 
     def upstream_stats(self) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.upstream_port}/_stats"
@@ -591,6 +621,7 @@ def run(args: argparse.Namespace) -> int:
                  f"{streams['rss_open_mb']} MB (idle {streams['rss_before_mb']} MB), "
                  f"errors {streams['errors']}")
         harness_info = {"pinning": h.pinning, "gateway_stack": h.gateway_stack(), "machine": machine,
+                        "gateway_routing": h.gateway_routing(),
                         "load_before_cores": round(before_load, 3),
                         "router": router_info(h)}
     report = build_report(args, runs, conns, small, big, streams, harness_info, time.monotonic() - started)
@@ -643,6 +674,13 @@ def build_report(args: argparse.Namespace, runs: list[dict[str, Any]], conns: di
                         "skewed; re-run on a quiet machine.")
     else:
         notes.append(f"Other programs used at most {foreign:.2f} cores during any window.")
+    routing = harness_info["gateway_routing"]
+    strays = {k: v for k, v in routing.items() if not k.startswith("requests mtp/") and v}
+    notes.append("Where the gateway sent the requests (its /metrics, whole run): "
+                 + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(routing.items()) if v) + ".")
+    if strays:
+        notes.insert(0, "WARNING: not every request stayed on the server it was first placed on "
+                        f"({', '.join(sorted(strays))}): flips, moves or retries are in the figures.")
     if args.gateway_loop != "as-shipped":
         notes.append(f"EXPERIMENT --gateway-loop {args.gateway_loop}: the gateway did not run as shipped.")
     if args.quick:
@@ -666,6 +704,7 @@ def build_report(args: argparse.Namespace, runs: list[dict[str, Any]], conns: di
         "errors_total": errors_total,
         "points": points,
         "upstream_connections": conns,
+        "gateway_routing": harness_info["gateway_routing"],
         "small_body": small,
         "big_body": big,
         "open_streams": streams,

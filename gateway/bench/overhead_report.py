@@ -282,7 +282,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"connections; {s['warmup_s']:g} s warm-up, {s['duration_s']:g} s window; direct and gateway "
         f"interleaved, order rotated; {s['repeats']} repeat(s), medians shown.",
         "- Gateway: `python -m gateway serve` with backends mtp and plain both on the fake upstream, "
-        "routing crossover at 100000, monitor every 1 s, uvicorn's access log off, the gateway's "
+        "routing crossover and the learned crossover's bounds at 100000 (every stream stays on "
+        "mtp), monitor every 1 s, uvicorn's access log off, the gateway's "
         f"own line per request on (log.access, the default); {_stack(s)}.",
         _router_setup(report.get("router")),
         "- CPU = utime+stime of the gateway pid (/proc/<pid>/stat) over the window, per 1,000 content "

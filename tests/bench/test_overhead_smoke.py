@@ -81,6 +81,10 @@ def test_quick_report_has_every_field(quick_report: tuple[dict, str]) -> None:
     assert streams["errors"] == 0 and streams["opened"] == streams["streams"]
     assert streams["rss_open_mb"] and streams["rss_before_mb"] and streams["hwm_mb"]
 
+    # Where the gateway sent them, from its own /metrics: all placed on mtp and left there.
+    routing = report["gateway_routing"]
+    assert routing and all(key.startswith("requests mtp/") for key, n in routing.items() if n), routing
+
     targets = {t["key"]: t for t in report["targets"]}
     assert set(targets) == TARGET_KEYS
     assert targets["errors"]["passed"] is True
