@@ -213,6 +213,11 @@ class Engine:
     def __contains__(self, rid: str) -> bool:
         return rid in self._by_rid
 
+    @property
+    def rids(self) -> list[str]:
+        """Every request the engine holds, queued or admitted."""
+        return list(self._by_rid)
+
     # --- requests in and out -----------------------------------------------------------
 
     def submit(self, request: Request) -> None:
@@ -299,7 +304,8 @@ class Engine:
         prompt = seq.request.prompt
         if seq.retracted:
             # Prompt + generated tokens from scratch, less what the prefix cache still has of the
-            # prompt (the generated tokens' KV was freed by the retract).
+            # prompt: the retract frees the request's KV without inserting it in the radix tree
+            # (managers/schedule_batch.py:2388-2389).
             total = len(prompt) + seq.generated
             seq.uncached = total - min(self._cache.match(prompt), total - 1)
             self.stats.reprefill_tokens += seq.uncached

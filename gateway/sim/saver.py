@@ -256,7 +256,11 @@ class MemorySaver:
             busy = self.live.engine.has_work
             if busy and self.hung:
                 await self._never()  # its requests never end, so the pause never ends
-            self.live.abort(abort_all=True)
+            # abort_all as the scheduler applies it: a queued request leaves at once
+            # (scheduler.py:5693), a running one after one more forward pass (to_finish, :5802),
+            # so a release sent before this pause answers can still find it running.
+            for rid in self.live.engine.rids:
+                self.live.disconnect(rid)
             if busy:
                 await self._sleep(ABORT_PAUSE_POLL_S)
             return

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.sim import saver as saver_module
 from gateway.sim.engine import Engine, Request
+from gateway.sim.faults import Faults
 from gateway.sim.live import Device
 from gateway.sim.profile import load_profiles
 from gateway.sim.saver import (
@@ -383,6 +384,25 @@ async def test_a_second_release_of_the_same_tags_kills_a_server_with_the_memory_
         else:  # the no-op adapter pauses nothing, so nothing is paused twice
             assert (await post(http, url, "/release_memory_occupation", {"tags": ["weights"]})).text == "null"
             assert not await _is_dead(http, url)
+
+
+async def test_a_release_sent_before_an_abort_pause_answers_can_find_a_request_still_running():
+    """The abort lets a running request run one more forward pass: a release that does not wait
+    for the pause's answer reaches the scheduler before it, and kills the server."""
+    slow = {"plain": Faults(slow_factor=100)}  # steps of ~0.15 s real: the release comes within one
+    options = SimOptions(speed=10, faults=slow)
+    async with start_sim_pair(options) as pair, httpx.AsyncClient(timeout=5) as http:
+        url = pair.urls["plain"]
+        async with http.stream("POST", url + "/v1/completions", json=LONG) as response:
+            lines = response.aiter_lines()  # held: a collected iterator closes the stream
+            await first_chunks(lines, 1)
+            pausing = asyncio.create_task(post(http, url, "/pause_generation", {"mode": "abort"}))
+            await wait_until(lambda: pair.servers["plain"].saver.state.tokenizer_paused)
+            with pytest.raises(httpx.RemoteProtocolError):
+                await post(http, url, "/release_memory_occupation")
+            with pytest.raises(httpx.HTTPError):
+                await pausing
+        assert "idle" in pair.servers["plain"].saver.state.cause
 
 
 async def test_a_second_resume_or_a_resume_of_tags_never_released_kills_the_server():
