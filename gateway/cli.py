@@ -57,13 +57,19 @@ async def serve(settings: Settings, config_path: Path | None, log_level: str) ->
 
 
 async def demo(settings: Settings, config_path: Path | None, log_level: str,
-               speed: float) -> None:
+               speed: float, memory: str | None = None) -> None:
+    """`memory`: the pair's shape, for the simulated servers and the gateway alike (None: the
+    configuration's). turns: the two share one device and take turns owning it."""
     from gateway.sim.server import SimOptions, start_sim_pair
 
+    if memory is not None:
+        settings = settings.model_copy(update={"memory": memory})
+    shape = settings.memory_of(settings.fleet()[0])
     options = SimOptions(speed=speed, mtp_port=_port(settings.backends.mtp.url),
-                         plain_port=_port(settings.backends.plain.url))
+                         plain_port=_port(settings.backends.plain.url), memory=shape)
     async with start_sim_pair(options) as pair:
-        print(f"simulated SGLang pair: mtp {pair.urls['mtp']}  plain {pair.urls['plain']}")
+        print(f"simulated SGLang pair ({shape} memory): mtp {pair.urls['mtp']}  "
+              f"plain {pair.urls['plain']}")
         print(f"gateway: http://{settings.listen.host}:{settings.listen.port}/v1  "
               f"(dashboard: /dashboard, metrics: /metrics)")
         await serve(settings, config_path, log_level)
@@ -102,6 +108,13 @@ def use_fast_event_loop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+def add_memory_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--memory", choices=("split", "turns"), default=None,
+                        help="how the pair shares its GPUs' memory: split (each its share) or "
+                        "turns (each sized for all of it, handed over by the gateway with "
+                        "SGLang's memory saver); default: the configuration's `memory`")
+
+
 def _port(url: str) -> int:
     from urllib.parse import urlsplit
 
@@ -117,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     demo_parser = commands.add_parser("demo", help="gateway + two simulated SGLang servers")
     _add_serve_arguments(demo_parser)
     add_speed_argument(demo_parser)
+    add_memory_argument(demo_parser)
     sim_parser = commands.add_parser("sim", help="two simulated SGLang servers (mtp + plain)")
     _add_optional(sim_parser, "gateway.sim.cli")
     for name, module, help_text in (
@@ -135,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "serve":
                 asyncio.run(serve(settings, config_path, args.log_level))
             else:
-                asyncio.run(demo(settings, config_path, args.log_level, args.speed))
+                asyncio.run(demo(settings, config_path, args.log_level, args.speed,
+                                 args.memory))
             return 0
         return int(args.run(args))
     except ConfigError as exc:

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep /v1/responses for previous_response_id and GET (SGLang: off)")
     parser.add_argument("--enable-request-header-overrides", action="store_true",
                         help="read x-override-rid, as SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1")
+    parser.add_argument("--memory", choices=("split", "turns"), default="split",
+                        help="split: both resident, sharing the GPUs' memory; turns: one device "
+                        "they take turns owning (plain parked, MTP holding at start)")
     saver = parser.add_argument_group("memory saver (SGLang's flags and environment, both servers)")
     saver.add_argument("--enable-memory-saver", action="store_true",
                        help="as SGLang: release/resume move memory (else they only check and flush)")
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key, faults=faults, admin_api_key=args.admin_api_key,
         max_queued_requests=args.max_queued_requests, enable_response_store=args.enable_response_store,
         request_header_overrides=args.enable_request_header_overrides, saver=_saver_options(args),
+        memory=args.memory,
     )  # fmt: skip
     try:
         asyncio.run(_serve(options))
