@@ -25,6 +25,8 @@ from gateway.sim.responses_store import STORE_DISABLED
 from gateway.sim.text import (
     chat_prompt_text,
     content_text,
+    continued_prompt,
+    final_assistant_turn,
     plan_output,
     responses_prompt_text,
     thinking_requested,
@@ -107,7 +109,9 @@ class JobParser:
     def chat(self, body: dict[str, Any]) -> formats.Job:
         tools = body.get("tools")
         try:
-            text = chat_prompt_text(body.get("messages"), tools)
+            messages, prefix = final_assistant_turn(body.get("messages"),
+                                                    bool(body.get("continue_final_message")))
+            text = continued_prompt(chat_prompt_text(messages, tools), prefix)
             tool = chosen_tool(tools, body.get("tool_choice"), _last_is_user(body.get("messages")))
             thinking = thinking_requested(body)
         except ValueError as exc:
@@ -162,7 +166,8 @@ class JobParser:
             system = content_text(body.get("system"))
             messages = body.get("messages")
             tools = anthropic_tools(body.get("tools"))
-            text = chat_prompt_text(messages, tools or None)
+            converted, _ = final_assistant_turn(messages, False, text_block=True)
+            text = chat_prompt_text(converted, tools or None)
             tool = anthropic_chosen_tool(tools, body.get("tool_choice"), _last_is_user(messages))
             thinking = anthropic_thinking(body.get("thinking"))
         except ValueError as exc:

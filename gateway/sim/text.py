@@ -55,6 +55,32 @@ def chat_prompt_text(messages: Any, tools: Any = None) -> str:
     return "\n".join(parts)
 
 
+def final_assistant_turn(messages: Any, continue_final: bool, *,
+                         text_block: bool = False) -> tuple[Any, str]:
+    """(messages, assistant prefix) as serving_chat.py:513-548 handles a final assistant
+    message with string content: with ``continue_final_message`` it leaves the messages and its
+    content is appended to the prompt after the generation prompt (:560-575); without, it
+    becomes a user message. ``text_block``: Messages, whose adapter makes a single text block
+    a string first (anthropic/serving.py:552-553) and never sets the flag."""
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return messages, ""
+    last = messages[-1]
+    content = last.get("content")
+    if text_block and isinstance(content, list) and len(content) == 1 \
+            and isinstance(content[0], dict) and content[0].get("type") == "text":
+        content = content[0].get("text")
+    if last.get("role") != "assistant" or not isinstance(content, str):
+        return messages, ""
+    if continue_final:
+        return messages[:-1], content
+    return [*messages[:-1], {"role": "user", "content": content}], ""
+
+
+def continued_prompt(prompt: str, prefix: str) -> str:
+    """The prompt with an assistant prefix: its tokens follow the generation prompt's."""
+    return f"{prompt} {prefix}" if prefix.strip() else prompt
+
+
 def content_text(content: Any) -> str:
     """Text of a message content: a string, None, or a list of typed parts."""
     if content is None or isinstance(content, str):
