@@ -44,13 +44,15 @@ class JobParser:
 
     def _job(
         self, body: dict[str, Any], text: str, prompt_ids: list[int], max_tokens: int | None,
-        thinking: bool = False, tool_name: str | None = None, n: int = 1, **extra: Any,
+        thinking: bool = False, tool_name: str | None = None, n: int = 1,
+        continues: bool = False, **extra: Any,
     ) -> formats.Job:  # fmt: skip
         room = self.profile.context_length - len(prompt_ids)
         if not prompt_ids:
             raise RequestError("The prompt is empty.")
         ignore_eos = bool(body.get("ignore_eos"))
-        plan = plan_output(self.identity.seed, text, max_tokens, ignore_eos, thinking, room)
+        plan = plan_output(self.identity.seed, text, max_tokens, ignore_eos, thinking, room,
+                           continues)
         samples = tuple(plan_output(self.identity.seed, f"{text}#{i}", max_tokens, ignore_eos, thinking, room)
                         for i in range(n)) if n > 1 else ()  # fmt: skip
         options = body.get("stream_options") or {}
@@ -117,7 +119,8 @@ class JobParser:
         except ValueError as exc:
             raise RequestError(str(exc)) from exc
         max_tokens = max_tokens_of(body, "max_completion_tokens", "max_tokens")
-        return self._job(body, text, token_ids(text), max_tokens, thinking, tool, choices_of(body))
+        return self._job(body, text, token_ids(text), max_tokens, thinking, tool, choices_of(body),
+                         continues=bool(prefix.strip()))
 
     def generate(self, body: dict[str, Any]) -> formats.Job:
         """One prompt (``text`` or ``input_ids``) with ``sampling_params``
@@ -136,7 +139,8 @@ class JobParser:
             raise RequestError("sampling_params must be an object")
         limit = max_tokens_of({"max_new_tokens": params.get("max_new_tokens", 128)}, "max_new_tokens")
         merged = {**body, "ignore_eos": params.get("ignore_eos"), "temperature": params.get("temperature")}
-        return self._job(merged, prompt_text, prompt_ids, limit)
+        return self._job(merged, prompt_text, prompt_ids, limit,
+                         continues=isinstance(text, str) and _ends_in_a_word(text))
 
     def completion(self, body: dict[str, Any]) -> formats.Job:
         prompt = body.get("prompt")
@@ -146,7 +150,8 @@ class JobParser:
             text, ids = " ".join(map(str, prompt)), prompt
         else:
             raise RequestError("'prompt' must be a string or a list of token ids")
-        return self._job(body, text, ids, max_tokens_of(body, "max_tokens"), n=choices_of(body))
+        return self._job(body, text, ids, max_tokens_of(body, "max_tokens"), n=choices_of(body),
+                         continues=isinstance(prompt, str) and _ends_in_a_word(prompt))
 
     def messages(self, body: dict[str, Any]) -> formats.Job:
         """Anthropic requests carry no rid SGLang reads (anthropic/protocol.py:370): each
@@ -206,3 +211,8 @@ class JobParser:
         if model is None or model == served or str(model).split(":", 1)[0] == served:
             return
         raise RequestError(f"The model '{model}' does not exist", 404, "invalid_request_error", "model")
+
+
+def _ends_in_a_word(prompt: str) -> bool:
+    """A text prompt that ends in a word: a model's next token carries its space."""
+    return bool(prompt) and not prompt[-1].isspace()

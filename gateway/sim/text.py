@@ -102,6 +102,7 @@ class Plan:
     words: Sequence[str]
     reasoning_tokens: int  # the leading words that are reasoning_content
     finish_reason: str  # "stop" or "length", when generation runs to the end
+    continues: bool = False  # it goes on from an assistant prefix: its first word is spaced
 
 
 def plan_output(
@@ -111,6 +112,7 @@ def plan_output(
     ignore_eos: bool,
     thinking: bool,
     room: int,
+    continues: bool = False,
 ) -> Plan:
     """Decide the output. ``room`` is what the context length leaves after the prompt."""
     key = zlib.crc32(prompt_text.encode(), seed & 0xFFFFFFFF)
@@ -120,7 +122,7 @@ def plan_output(
     finish = "stop" if not ignore_eos and natural <= limit else "length"
     words = random.Random(key).choices(WORDS, k=length)
     reasoning = max(1, length // 4) if thinking and length > 1 else 0
-    return Plan(words, reasoning, finish)
+    return Plan(words, reasoning, finish, continues)
 
 
 class TextCursor:
@@ -129,6 +131,7 @@ class TextCursor:
     def __init__(self, plan: Plan) -> None:
         self._words = plan.words
         self._reasoning = plan.reasoning_tokens
+        self._continues = plan.continues
         self.position = 0
 
     def take(self, n: int) -> list[tuple[str, str]]:
@@ -144,7 +147,8 @@ class TextCursor:
 
     def _join(self, start: int, end: int, part_start: int) -> str:
         text = " ".join(self._words[start:end])
-        return text if start == part_start else " " + text
+        first = start == part_start and not (self._continues and part_start == self._reasoning)
+        return text if first else " " + text
 
     @property
     def at_end(self) -> bool:

@@ -65,3 +65,33 @@ async def test_the_continued_prompt_hits_the_prefix_cache(pair):
         await _chat(client, server.url, [*long_user, {"role": "assistant", "content": prefix}],
                     continue_final_message=True)
     assert stats.cached_tokens - cached_before >= whole["usage"]["prompt_tokens"] - 64
+
+
+@pytest.mark.timeout(30)
+async def test_a_continued_answer_goes_on_after_a_space(pair):
+    """A real model's next token after a word starts with its space: the prefix and the
+    continuation join as words."""
+    url = pair.servers["mtp"].url
+    async with httpx.AsyncClient(timeout=20) as client:
+        continued = await _chat(client, url, [*USER, {"role": "assistant", "content": "so the"}],
+                                continue_final_message=True)
+        fresh = await _chat(client, url, USER)
+    assert continued["choices"][0]["message"]["content"].startswith(" ")
+    assert not fresh["choices"][0]["message"]["content"].startswith(" ")
+
+
+@pytest.mark.timeout(30)
+async def test_a_text_prompt_ending_in_a_word_is_continued_after_a_space(pair):
+    """Completions and /generate continue from prompt + text: the output's first word is
+    spaced from the prompt's last one, as a model's next token after a word is."""
+    url = pair.servers["mtp"].url
+    async with httpx.AsyncClient(timeout=20) as client:
+        after_word = await client.post(url + "/v1/completions", json={
+            "model": "m", "prompt": "once upon a", "max_tokens": 5})
+        after_space = await client.post(url + "/v1/completions", json={
+            "model": "m", "prompt": "once upon a ", "max_tokens": 5})
+        generated = await client.post(url + "/generate", json={
+            "text": "once upon a", "sampling_params": {"max_new_tokens": 5}})
+    assert after_word.json()["choices"][0]["text"].startswith(" ")
+    assert not after_space.json()["choices"][0]["text"].startswith(" ")
+    assert generated.json()["text"].startswith(" ")
