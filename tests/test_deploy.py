@@ -4,7 +4,10 @@
 - the MTP server's speculative / Mamba / memory / metrics flags;
 - ports and service names agree between the SGLang commands, the healthchecks, the gateway's
   GATEWAY_* overrides (loaded through the real settings loader) and the Prometheus targets;
-- start order (plain after MTP is healthy; gateway after both);
+- start order (plain after MTP is healthy; gateway after both); for compose.turns.yaml, plain
+  first, parked by docker/park.py, then MTP, with the memory saver's flags and environment;
+- the sizing comments of both compose files and docker/README.md's table are the ones
+  gateway/sim/memory.py generates;
 - the Dockerfile and .dockerignore;
 - the Grafana provisioning and dashboard, and that every metric a panel queries is one the
   gateway (documented contract below) or SGLang (research/sglang.md section 3) exports.
@@ -136,7 +139,7 @@ def _interpolate(text: str) -> str:
                 depth -= 1
             j += 1
         body = text[i + 2 : j - 1]
-        m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(?::?-(.*))?$", body, re.S)
+        m = re.match(r"([A-Za-z_][A-Za-z0-9_]*)(?::?-(.*)|:\?.*)?$", body, re.S)
         if not m:
             raise ValueError(f"unsupported interpolation ${{{body}}}")
         name, default = m.group(1), m.group(2)
@@ -584,3 +587,172 @@ def test_routing_reasons_documented_in_dashboard():
     (panel,) = [p for p in _walk_panels(dash["panels"])
                 if p.get("title") == "Requests/s by backend and reason"]
     assert all(reason in panel["description"] for reason in ROUTING_REASONS)
+
+
+# ---------------------------------------------------------------------------------------------
+# The turns shape: docker/compose.turns.yaml and docker/park.py
+
+TURNS_ORDER = ("plain", "mtp")  # started first, started second (gateway.sim.memory.TURNS_FIRST)
+
+
+@pytest.fixture(scope="module")
+def compose_turns() -> dict[str, Any]:
+    return load_compose("compose.turns.yaml")
+
+
+@pytest.mark.parametrize("role", ["mtp", "plain"])
+def test_turns_servers_use_the_pinned_releases_flags(compose_turns, compose, role):
+    flags = _sglang_flags(compose_turns, role)
+    unknown = set(flags) - _flag_list()
+    assert not unknown, f"not flags of SGLang {SGLANG_RELEASE}: {unknown}"
+    assert compose_turns["services"][SGLANG_SERVICES[role]]["image"] == f"lmsysorg/sglang:v{SGLANG_RELEASE}"
+    # the same server as in the split shape, plus the memory saver's flags and another fraction
+    split = _sglang_flags(compose, role)
+    saver = {"--enable-memory-saver", "--enable-weights-cpu-backup", "--cuda-graph-backend-prefill",
+             "--admin-api-key"}
+    assert {k: v for k, v in flags.items() if k not in saver | {"--mem-fraction-static"}} == {
+        k: v for k, v in split.items() if k != "--mem-fraction-static"}
+
+
+@pytest.mark.parametrize("role", ["mtp", "plain"])
+def test_turns_servers_have_the_memory_savers_flags_and_environment(compose_turns, role):
+    svc = compose_turns["services"][SGLANG_SERVICES[role]]
+    flags = _sglang_flags(compose_turns, role)
+    assert "--enable-memory-saver" in flags and flags["--enable-memory-saver"] is None
+    # target and draft weights come back from a host copy (load_model_utils.py:307-309)
+    assert "--enable-weights-cpu-backup" in flags and flags["--enable-weights-cpu-backup"] is None
+    env = svc["environment"]
+    assert env["SGLANG_MEMORY_SAVER_CUDA_GRAPH"] == "1" and env["TMS_RETAIN_CPU_BACKUP"] == "1"
+    # breakable prefill graphs (the CUDA default) refuse the graphs' memory saver at start
+    assert flags["--cuda-graph-backend-prefill"] in ("disabled", "full")
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        assert "expandable_segments:True" not in env.get(name, "")
+    assert flags["--admin-api-key"] == "<SGLANG_ADMIN_KEY>"  # required, no default
+    assert "--api-key" not in flags  # /ping would then need it (utils/auth.py:101-106)
+    assert svc["restart"] == "no"
+
+
+@pytest.mark.parametrize("role", ["mtp", "plain"])
+def test_turns_healthchecks_use_ping(compose_turns, role):
+    svc = compose_turns["services"][SGLANG_SERVICES[role]]
+    port = _sglang_flags(compose_turns, role)["--port"]
+    urls = re.findall(r"http://[^'\" ]+", " ".join(svc["healthcheck"]["test"]))
+    # /ready is 503 while parked and /health marks a paused server unhealthy after 20 s
+    assert urls == [f"http://127.0.0.1:{port}/ping"]
+    assert _duration_s(svc["healthcheck"]["start_period"]) >= 600
+
+
+def test_turns_start_order_parks_the_first_before_the_second_starts(compose_turns):
+    services = compose_turns["services"]
+    first, second = (SGLANG_SERVICES[r] for r in TURNS_ORDER)
+    assert "depends_on" not in services[first]
+    park = services["turns-park"]
+    assert park["depends_on"] == {first: {"condition": "service_healthy"}}
+    assert park["restart"] == "no"
+    entry = park["entrypoint"]
+    ports = {r: _sglang_flags(compose_turns, r)["--port"] for r in TURNS_ORDER}
+    assert _hostport(entry[entry.index("--server") + 1]) == f"{first}:{ports[TURNS_ORDER[0]]}"
+    assert _hostport(entry[entry.index("--other") + 1]) == f"{second}:{ports[TURNS_ORDER[1]]}"
+    assert _bind_mounts(park)[entry[1]] == DOCKER / "park.py"
+    assert park["environment"]["SGLANG_ADMIN_KEY"] == "<SGLANG_ADMIN_KEY>"
+    assert services[second]["depends_on"] == {"turns-park": {"condition": "service_completed_successfully"}}
+    gateway = {k: v["condition"] for k, v in services["gateway"]["depends_on"].items()}
+    assert gateway == {first: "service_healthy", second: "service_healthy",
+                       "turns-park": "service_completed_successfully"}
+
+
+def test_turns_fractions_are_the_sizing_codes_and_safe(compose_turns):
+    from gateway.sim import memory
+
+    text = (DOCKER / "compose.turns.yaml").read_text()
+    defaults = tuple(float(re.search(r"\$\{" + v + r":-([0-9.]+)\}", text).group(1))
+                     for v in ("MEM_FRACTION_MTP", "MEM_FRACTION_PLAIN"))
+    for hw in memory.HARDWARE.values():
+        assert hw.turns_fractions == defaults
+        turns = memory.size_turns(hw, defaults)  # raises on fractions a resume would not fit
+        assert turns.first == TURNS_ORDER[0] and min(turns.resume_margin_gib.values()) > 0
+    for role, variable in (("mtp", "MEM_FRACTION_MTP"), ("plain", "MEM_FRACTION_PLAIN")):
+        fraction = _sglang_flags(compose_turns, role)["--mem-fraction-static"]
+        assert float(fraction) == defaults[("mtp", "plain").index(role)], variable
+
+
+def test_turns_gateway_drives_the_pair_with_the_servers_admin_key(compose_turns, monkeypatch):
+    svc = compose_turns["services"]["gateway"]
+    _check_gateway_service(svc)
+    env = svc["environment"]
+    settings = _gateway_settings(monkeypatch, env)
+    for role, service in SGLANG_SERVICES.items():
+        flags = _sglang_flags(compose_turns, role)
+        backend = settings.backends.get(role)
+        assert _hostport(backend.url) == f"{service}:{flags['--port']}"
+        assert backend.admin_api_key == flags["--admin-api-key"]
+    assert env["GATEWAY_MEMORY"] == "turns"
+    state = env["GATEWAY_TURNS__STATE_FILE"]
+    assert any(v.startswith("turns-state:") and state.startswith(v.split(":")[1] + "/")
+               for v in svc["volumes"])
+    if "memory" not in type(settings).model_fields:
+        pytest.skip("gateway/config.py has no `memory` key yet (helper controller adds it)")
+    (pair,) = settings.fleet()
+    assert settings.memory_of(pair) == "turns"
+    assert settings.turns.state_file == state
+
+
+@pytest.mark.parametrize("name, shape", [("compose.yaml", "split"), ("compose.turns.yaml", "turns")])
+def test_compose_sizing_comments_are_the_generated_ones(name, shape):
+    from gateway.sim import memory
+
+    text = (DOCKER / name).read_text()
+    start = text.index(memory.COMPOSE_BEGIN.format(shape=shape))
+    end = text.index(memory.COMPOSE_END, start) + len(memory.COMPOSE_END)
+    assert text[start:end] == memory.compose_sizing(shape), (
+        f"regenerate with `python -m gateway.sim.memory --compose {shape}`")
+    # no other GB / GiB figure about memory outside the generated block, so none can drift
+    outside = text[:start] + text[end:]
+    figures = re.findall(r"\b\d+(?:\.\d+)? ?GiB\b|~\d+ GB per GPU|pools ~\d+", outside)
+    assert not figures, figures
+
+
+# --- docker/park.py against the simulated pair (SGLang 0.5.23's memory saver) -----------------
+
+def _park_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("park", DOCKER / "park.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CLOSED = "http://127.0.0.1:9"  # discard port: nothing listens, as before sglang-mtp starts
+
+
+@pytest.mark.timeout(30)
+async def test_park_pauses_and_releases_the_first_server_once():
+    import asyncio
+
+    import httpx
+
+    from gateway.sim.saver import SaverOptions
+    from gateway.sim.server import SimOptions, start_sim_pair
+
+    park = _park_module()
+    saver = SaverOptions(enable_memory_saver=True, weights_cpu_backup=True, cuda_graph_in_saver=True,
+                         retain_cpu_backup=True)
+    options = SimOptions(speed=200, saver=saver, admin_api_key="k")
+    async with start_sim_pair(options) as pair, httpx.AsyncClient(timeout=5) as http:
+        plain = pair.urls["plain"]
+        with pytest.raises(SystemExit, match="pause_generation answered 401"):
+            await asyncio.to_thread(park.park, plain, CLOSED, None, 5, 5)
+        done = await asyncio.to_thread(park.park, plain, CLOSED, "k", 5, 5)
+        assert "paused and released" in done
+        assert pair.servers["plain"].saver.state.released == {"weights", "kv_cache", "cuda_graph"}
+        assert (await http.get(plain + "/ready")).status_code == 503
+        assert (await http.get(plain + "/ping")).status_code == 200
+        # run again (compose up a second time): a second release would kill the server
+        again = await asyncio.to_thread(park.park, plain, CLOSED, "k", 5, 5)
+        assert "paused already" in again
+        assert pair.servers["plain"].saver.state.status == "serving"
+        # with the other server up the pair is the gateway's: nothing is touched
+        mtp = pair.urls["mtp"]
+        untouched = await asyncio.to_thread(park.park, mtp, plain, "k", 5, 5)
+        assert "nothing done" in untouched and (await http.get(mtp + "/ready")).status_code == 200
