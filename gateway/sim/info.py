@@ -15,6 +15,7 @@ from starlette.routing import Route
 from gateway.sim.clients import ClientGone, until_or_disconnect
 from gateway.sim.context import ServerContext
 from gateway.sim.replies import json_response
+from gateway.sim.saver import ServerDied
 
 VERSION = "0.5.23"
 
@@ -71,11 +72,11 @@ class Info:
         return json_response(self.server_info_body())
 
     async def _scheduler_answers(self, request: Request) -> None:
-        """/server_info and /v1/loads ask the scheduler (get_internal_state, get_loads): a hung
-        one never answers, and the handler waits until its client leaves."""
-        if self.saver.hung:
-            with contextlib.suppress(ClientGone):
-                await until_or_disconnect(self.saver.wait_gone(), request)
+        """/server_info asks the scheduler (get_internal_state, tokenizer_control_mixin.py:967):
+        it answers after the control requests sent before it (a release in progress), and a
+        hung one never; the handler waits until then or until its client leaves."""
+        with contextlib.suppress(ClientGone, ServerDied):
+            await until_or_disconnect(self.saver.after_control(), request)
 
     def server_info_body(self) -> dict[str, Any]:
         p, engine = self.profile, self.live.engine
@@ -118,7 +119,8 @@ class Info:
         return command + "  # simulated by mtp-gateway sim"
 
     async def loads(self, request: Request) -> Response:
-        await self._scheduler_answers(request)
+        # Read from the schedulers' load snapshots (tokenizer_control_mixin.py:1001-1029), not
+        # asked of the scheduler: it answers whatever the scheduler is doing.
         engine, p = self.live.engine, self.profile
         load: dict[str, Any] = {
             "timestamp": time.time(), "dp_rank": 0,

@@ -410,11 +410,19 @@ class MemorySaver:
             if not done.done():
                 done.set_result(None)
 
+    async def after_control(self) -> None:
+        """Returns once the control requests sent so far are done; never if one hangs (raises
+        ServerDied when the server dies or stops meanwhile)."""
+        if self._tail is not None and not self._tail.done():
+            await self._until_gone(asyncio.shield(self._tail))
+        if self.hung:
+            await self._never()
+
     def _schedule(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(self._in_scheduler(work))
         task.add_done_callback(_retrieve)
 
-    async def _until_gone(self, work: Awaitable[None]) -> None:
+    async def _until_gone(self, work: Awaitable[Any]) -> None:
         """``work``, or nothing more once the server is dead (its answer is never sent)."""
         task = asyncio.ensure_future(work)
         gone = asyncio.ensure_future(self._gone.wait())

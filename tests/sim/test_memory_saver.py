@@ -431,12 +431,35 @@ async def test_a_resume_while_the_other_server_holds_the_memory_never_answers():
         await post(http, plain, "/continue_generation")
         with pytest.raises(httpx.ReadTimeout):
             await http.get(plain + "/server_info", timeout=0.3)
+        assert (await http.get(plain + "/v1/loads")).status_code == 200  # read from a snapshot
         with pytest.raises(httpx.ReadTimeout):
             await post(http, plain, "/v1/completions", {**LONG, "stream": False}, timeout=0.3)
         assert (await http.get(plain + "/health")).status_code == 503
         # MTP was never touched and still serves.
         done = await post(http, mtp, "/v1/completions", {**LONG, "stream": False, "max_tokens": 4})
         assert done.status_code == 200
+
+
+async def test_server_info_answers_after_a_release_in_progress_and_loads_at_once(monkeypatch):
+    """/server_info goes through the scheduler, after the control requests sent before it;
+    /v1/loads reads the load snapshot."""
+    copying = asyncio.Event()  # a release whose copy finishes when the test says
+
+    async def slow_copy(self, seconds: float) -> None:
+        await copying.wait()
+
+    monkeypatch.setattr(saver_module.MemorySaver, "_sleep", slow_copy)
+    async with start_sim_pair(SimOptions(speed=SPEED, saver=SAVER_ON)) as pair, httpx.AsyncClient() as http:
+        url = pair.urls["plain"]
+        await post(http, url, "/pause_generation", {"mode": "retract"})
+        releasing = asyncio.create_task(post(http, url, "/release_memory_occupation"))
+        await wait_until(lambda: pair.servers["plain"].live.scheduler.locked())
+        info = asyncio.create_task(http.get(url + "/server_info"))
+        assert (await http.get(url + "/v1/loads")).status_code == 200
+        await asyncio.sleep(0.05)
+        assert not info.done() and not releasing.done()
+        copying.set()
+        assert (await releasing).text == "null" and (await info).status_code == 200
 
 
 async def test_a_request_to_a_released_server_that_was_not_paused_kills_it():
