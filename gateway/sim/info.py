@@ -103,6 +103,10 @@ class Info:
             "mamba_radix_cache_strategy": "extra_buffer", "max_mamba_cache_size": p.mamba_slots,
             "enable_metrics": True, "mem_fraction_static": 0.45 if spec else 0.8,
             "launch_command": self._launch_command(),
+            # The memory saver's flags, as build_server_info reports every server argument.
+            "enable_memory_saver": self.saver.options.enable_memory_saver,
+            "enable_weights_cpu_backup": self.saver.options.weights_cpu_backup,
+            "enable_draft_weights_cpu_backup": self.saver.options.draft_weights_cpu_backup,
             "status": "ready", "max_total_num_tokens": p.prefix_cache_tokens,
             "max_req_input_len": p.context_length - 1, "startup_time": self.started,
             "internal_states": [internal], "version": VERSION, "frontend": "python",
@@ -116,6 +120,11 @@ class Info:
             command += f" --speculative-algorithm NEXTN --speculative-num-steps {p.num_steps}"
             command += f" --speculative-eagle-topk {p.eagle_topk}"
             command += f" --speculative-num-draft-tokens {p.num_draft_tokens}"
+        saver = self.saver.options
+        for flag, on in (("--enable-memory-saver", saver.enable_memory_saver),
+                         ("--enable-weights-cpu-backup", saver.weights_cpu_backup),
+                         ("--enable-draft-weights-cpu-backup", saver.draft_weights_cpu_backup)):  # fmt: skip
+            command += f" {flag}" if on else ""
         return command + "  # simulated by mtp-gateway sim"
 
     async def loads(self, request: Request) -> Response:

@@ -519,6 +519,14 @@ async def test_a_turn_hands_the_memory_over_and_a_dying_server_gives_it_back():
         assert device.holding("mtp") == 0
 
 
+async def test_server_info_reports_the_memory_saver_flags():
+    async with start_sim_pair(turns()) as pair, httpx.AsyncClient(timeout=5) as http:
+        info = (await http.get(pair.urls["mtp"] + "/server_info")).json()
+    assert (info["enable_memory_saver"], info["enable_weights_cpu_backup"]) == (True, True)
+    assert "--enable-memory-saver --enable-weights-cpu-backup" in info["launch_command"]
+    assert info["max_running_requests"] == 48
+
+
 async def test_draft_weights_released_without_a_host_copy_come_back_broken():
     options = SimOptions(speed=SPEED, saver=SaverOptions(enable_memory_saver=True))
     async with start_sim_pair(options) as pair, httpx.AsyncClient(timeout=5) as http:
