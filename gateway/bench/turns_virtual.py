@@ -201,6 +201,7 @@ class TurnsController:
     turns: list[TurnRecord] = field(default_factory=list)
     waiting: deque[_Waiting] = field(default_factory=deque)
     _timer_at: float | None = None
+    session_prompt: dict[str, int] = field(default_factory=dict)  # each session's last prompt
 
     def __post_init__(self) -> None:
         self.rules = self.model.rules(self.routing)
@@ -210,6 +211,8 @@ class TurnsController:
 
     # the request path
     def send(self, job: Job, record: RequestRecord, done: Callable[[Outcome], None]) -> None:
+        if job.session is not None:
+            self.session_prompt[job.session] = len(job.prompt_ids)
         if self.turning is not None:
             self.turning.waited += 1
             self.waiting.append(_Waiting(job, record, done))
@@ -233,6 +236,13 @@ class TurnsController:
         backend = self.pair.backends[role]
         return [f for f in self.flights.live.values() if f.lease.backend is backend]
 
+    def _sessions_context(self) -> int:
+        """The cache a release throws away that the traffic would reuse: the last prompt of
+        every session at work (its next turn extends it). One-off prompts are never hit again."""
+        sessions = self.pair.sessions
+        at_work = [*sessions.in_flight, *sessions.idle_since]
+        return sum(self.session_prompt.get(s, 0) for s in at_work)
+
     def evaluate(self) -> None:
         if self.turning is not None:
             return
@@ -240,7 +250,7 @@ class TurnsController:
         level, top, band = load_against_crossover(self.pool.snapshot(self.pair, now), self.routing)
         running = self._on(self.holder)
         continued = sum(len(f.job.prompt_ids) + f.generated for f in running if f.lease.started)
-        cached = self.sim.engines[self.holder].prefix_cached_tokens
+        cached = min(self._sessions_context(), self.sim.engines[self.holder].prefix_cached_tokens)
         decision = decide_turn(PairMemory(self.holder, self.since, self.across_since),
                                LoadSignal(level, top, band), self.rules, now,
                                cached_tokens=cached, continued_tokens=continued)

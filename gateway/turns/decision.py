@@ -107,7 +107,9 @@ def wanted(holder: Role, load: LoadSignal) -> Role:
 def decide_turn(memory: PairMemory, load: LoadSignal, rules: TurnRules, now: float, *,
                 cached_tokens: int = 0, continued_tokens: int = 0) -> TurnDecision:
     """Whether to hand the memory over now, and to whom (see the module docstring).
-    ``cached_tokens``: the outgoing server's prefix cache that a release throws away;
+    ``cached_tokens``: the outgoing server's prefix cache that a release throws away and the
+    traffic would reuse (the contexts of the sessions at work; a cache of one-off prompts
+    costs nothing to lose);
     ``continued_tokens``: prompt + generated tokens of the streams the incoming server would
     continue (prefilled again there)."""
     to = wanted(memory.holder, load)
