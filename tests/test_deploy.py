@@ -5,7 +5,7 @@
 - ports and service names agree between the SGLang commands, the healthchecks, the gateway's
   GATEWAY_* overrides (loaded through the real settings loader) and the Prometheus targets;
 - start order (plain after MTP is healthy; gateway after both); for compose.turns.yaml, plain
-  first, parked by docker/park.py, then MTP, with the memory saver's flags and environment;
+  first, parked by gateway/deploy/park.py, then MTP, with the memory saver's flags and environment;
 - the sizing comments of both compose files and docker/README.md's table are the ones
   gateway/sim/memory.py generates;
 - the Dockerfile and .dockerignore;
@@ -590,7 +590,7 @@ def test_routing_reasons_documented_in_dashboard():
 
 
 # ---------------------------------------------------------------------------------------------
-# The turns shape: docker/compose.turns.yaml and docker/park.py
+# The turns shape: docker/compose.turns.yaml and gateway/deploy/park.py
 
 TURNS_ORDER = ("plain", "mtp")  # started first, started second (gateway.sim.memory.TURNS_FIRST)
 
@@ -649,11 +649,12 @@ def test_turns_start_order_parks_the_first_before_the_second_starts(compose_turn
     park = services["turns-park"]
     assert park["depends_on"] == {first: {"condition": "service_healthy"}}
     assert park["restart"] == "no"
-    entry = park["entrypoint"]
+    assert park["build"] == services["gateway"]["build"]  # the module is in the gateway's image
+    entry = park["command"]
+    assert entry[:3] == ["python", "-m", "gateway.deploy.park"]
     ports = {r: _sglang_flags(compose_turns, r)["--port"] for r in TURNS_ORDER}
     assert _hostport(entry[entry.index("--server") + 1]) == f"{first}:{ports[TURNS_ORDER[0]]}"
     assert _hostport(entry[entry.index("--other") + 1]) == f"{second}:{ports[TURNS_ORDER[1]]}"
-    assert _bind_mounts(park)[entry[1]] == DOCKER / "park.py"
     assert park["environment"]["SGLANG_ADMIN_KEY"] == "<SGLANG_ADMIN_KEY>"
     assert services[second]["depends_on"] == {"turns-park": {"condition": "service_completed_successfully"}}
     gateway = {k: v["condition"] for k, v in services["gateway"]["depends_on"].items()}
@@ -712,16 +713,7 @@ def test_compose_sizing_comments_are_the_generated_ones(name, shape):
     assert not figures, figures
 
 
-# --- docker/park.py against the simulated pair (SGLang 0.5.23's memory saver) -----------------
-
-def _park_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("park", DOCKER / "park.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+# --- gateway/deploy/park.py against the simulated memory saver ------------------------------
 
 CLOSED = "http://127.0.0.1:9"  # discard port: nothing listens, as before sglang-mtp starts
 
@@ -732,10 +724,9 @@ async def test_park_pauses_and_releases_the_first_server_once():
 
     import httpx
 
+    from gateway.deploy import park
     from gateway.sim.saver import SaverOptions
     from gateway.sim.server import SimOptions, start_sim_pair
-
-    park = _park_module()
     saver = SaverOptions(enable_memory_saver=True, weights_cpu_backup=True, cuda_graph_in_saver=True,
                          retain_cpu_backup=True)
     options = SimOptions(speed=200, saver=saver, admin_api_key="k")

@@ -10,6 +10,8 @@
   servers' ports, the SGLang flags are exactly docker/compose.yaml's (and in the pinned 0.5.23
   flag list, shared with tests/test_deploy.py), the pair shares its GPUs and starts in
   compose's order, and the routers' arguments parse with sglang-router's own parser.
+- The turns overlay (pair-turns): docker/compose.turns.yaml's servers and order, the one gateway
+  beside each pair driving its turns, probes on /ping only, the fractions safe, host memory.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 # The oldest Kubernetes each overlay needs: native sidecars are GA in 1.33 (the PDB's
 # unhealthyPodEvictionPolicy in 1.31); DRA's resource.k8s.io/v1 in 1.34.
-KUBERNETES = {"pair": "1.33", "pools": "1.33", "pair-dra": "1.34"}
-OVERLAYS = list(KUBERNETES)
+KUBERNETES = {"pair": "1.33", "pools": "1.33", "pair-dra": "1.34", "pair-turns": "1.33"}
+OVERLAYS = ["pair", "pools", "pair-dra"]  # the split shape; pair-turns has its own tests below
 NAMESPACE = "mtp-gateway"
 ABORT_WAIT_S = 2.0  # gateway/app.py lifespan: how long the shutdown waits for aborts in flight
 
@@ -232,7 +234,11 @@ def gateway_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def gateway_settings(docs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     """The settings a gateway pod runs with: the ConfigMap's config.yaml + the pod's GATEWAY_*."""
     pod = gateway_pod(docs)["spec"]
-    gw = container(pod, "gateway")
+    return gateway_settings_of(docs, pod, container(pod, "gateway"), tmp_path, monkeypatch)
+
+
+def gateway_settings_of(docs, pod: dict[str, Any], gw: dict[str, Any], tmp_path: Path,
+                        monkeypatch: pytest.MonkeyPatch) -> Settings:
     cmd = gw["command"]
     config_path = cmd[cmd.index("--config") + 1]
     (mount,) = [m for m in gw["volumeMounts"] if config_path.startswith(m["mountPath"] + "/")]
@@ -242,7 +248,7 @@ def gateway_settings(docs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> S
     local.write_text(data[config_path[len(mount["mountPath"]) + 1:]])
     for key in [k for k in os.environ if k.startswith("GATEWAY_")]:
         monkeypatch.delenv(key)
-    for key, value in container_env(docs, gw).items():
+    for key, value in env_with_secrets(docs, gw).items():
         monkeypatch.setenv(key, value)
     return load_settings(local)
 
@@ -456,3 +462,138 @@ def test_sglang_metrics_jobs_are_the_dashboards(docs) -> None:
         assert selects(scraped[name]["spec"]["selector"], pair_labels)
         server = container(pod, name)
         assert port_number(server, port["targetPort"]) == int(_flags(server["args"])["--port"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The turns shape: overlays/pair-turns (docker/compose.turns.yaml on Kubernetes)
+
+ADMIN_SECRET = "<SGLANG_ADMIN_KEY>"  # what tests/test_deploy.py's interpolation makes of compose's
+
+
+@pytest.fixture(scope="module")
+def turns() -> list[dict[str, Any]]:
+    return render("pair-turns")
+
+
+@pytest.fixture(scope="module")
+def compose_turns() -> dict[str, Any]:
+    return load_compose("compose.turns.yaml")
+
+
+def env_with_secrets(docs: list[dict[str, Any]], c: dict[str, Any]) -> dict[str, str]:
+    """container_env, with each secret-sourced variable as the name of its secret and key."""
+    env = container_env(docs, c)
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            env[e["name"]] = f"<secret {ref['name']}/{ref['key']}>"
+    return env
+
+
+def test_turns_documents_validate_and_land_in_one_namespace(turns) -> None:
+    for doc in turns:
+        try:
+            validate(doc, KUBERNETES["pair-turns"])
+        except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as exc:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at "
+                        f"{'/'.join(map(str, exc.absolute_path))}")
+    test_everything_lands_in_one_namespace(turns)
+
+
+@pytest.mark.parametrize("role", ["mtp", "plain"])
+def test_turns_servers_are_compose_turns_servers(turns, compose_turns, role) -> None:
+    service = compose_turns["services"][SGLANG_SERVICES[role]]
+    server = container(pair_pod(turns), SGLANG_SERVICES[role])
+    assert server["command"] == SGLANG_ENTRYPOINT and server["image"] == service["image"]
+    env = env_with_secrets(turns, server)
+    admin = env["SGLANG_ADMIN_KEY"]
+    args = [ADMIN_SECRET if a == admin else a for a in expand(server["args"], env)]
+    assert args == service["command"]  # flag for flag, in order, compose's defaults
+    assert set(_flags(args)) <= _flag_list()
+    for name in ("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "TMS_RETAIN_CPU_BACKUP", "PYTORCH_CUDA_ALLOC_CONF",
+                 "PYTORCH_ALLOC_CONF", "SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES", "CUDA_DEVICE_ORDER"):
+        assert env[name] == service["environment"][name], name
+    # /ready is 503 while parked, /health marks a paused server unhealthy: /ping only
+    for probe in ("startupProbe", "readinessProbe"):
+        assert server[probe]["httpGet"]["path"] == "/ping"
+        assert port_number(server, server[probe]["httpGet"]["port"]) == int(_flags(args)["--port"])
+    assert "livenessProbe" not in server
+    assert server["restartPolicy"] == "Always"  # a sidecar: what follows waits for its probe
+
+
+def test_turns_pod_starts_plain_parks_it_then_mtp_then_the_gateway(turns) -> None:
+    pod = pair_pod(turns)
+    order = [c["name"] for c in pod["initContainers"]]
+    assert order == ["sglang-plain", "turns-park", "sglang-mtp"]
+    assert [c["name"] for c in pod["containers"]] == ["gateway"]
+    park = container(pod, "turns-park")
+    assert "restartPolicy" not in park  # runs to completion before sglang-mtp starts
+    cmd = park["command"]
+    assert cmd[:3] == ["python", "-m", "gateway.deploy.park"]
+    for flag, role in (("--server", "plain"), ("--other", "mtp")):
+        server = container(pod, SGLANG_SERVICES[role])
+        url = urlsplit(cmd[cmd.index(flag) + 1])
+        assert (url.hostname, url.port) == ("127.0.0.1", int(_flags(server["args"])["--port"]))
+    admin = env_with_secrets(turns, container(pod, "sglang-plain"))["SGLANG_ADMIN_KEY"]
+    assert env_with_secrets(turns, park)["SGLANG_ADMIN_KEY"] == admin
+    assert park["image"] == container(pod, "gateway")["image"]  # the module is in that image
+
+
+def test_turns_gateway_beside_the_pair_is_the_only_driver(turns, tmp_path, monkeypatch) -> None:
+    assert not [d for d in of_kind(turns, "Deployment") if d["metadata"]["name"] == "mtp-gateway"]
+    assert not of_kind(turns, "PodDisruptionBudget")
+    pair = find(turns, "StatefulSet", "sglang-pair")
+    pod = pair["spec"]["template"]
+    (gw,) = [c for c in all_containers(pod["spec"]) if c["command"][:2] == ["mtp-gateway", "serve"]]
+    settings = gateway_settings_of(turns, pod["spec"], gw, tmp_path, monkeypatch)
+    env = env_with_secrets(turns, gw)
+    admin = env_with_secrets(turns, container(pod["spec"], "sglang-mtp"))["SGLANG_ADMIN_KEY"]
+    for role in ("mtp", "plain"):
+        backend = settings.backends.get(role)
+        server = container(pod["spec"], SGLANG_SERVICES[role])
+        assert urlsplit(backend.url).hostname == "127.0.0.1"  # its own pair, on its own node
+        assert urlsplit(backend.url).port == int(_flags(server["args"])["--port"])
+        assert backend.admin_api_key == admin
+    (pair_of_gateway,) = settings.fleet()
+    assert settings.memory_of(pair_of_gateway) == "turns"
+    mounts = {m["mountPath"]: m["name"] for m in gw["volumeMounts"]}
+    state_dir = str(Path(settings.turns.state_file).parent)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert "emptyDir" in volumes[mounts[state_dir]]  # survives a gateway restart, not the pod's
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"  # NVML, no compute
+    # the Service and its monitor reach the gateways beside the pairs
+    service = find(turns, "Service", "mtp-gateway")
+    assert selects(service["spec"]["selector"], pod["metadata"]["labels"])
+    (http,) = service["spec"]["ports"]
+    assert port_number(gw, http["targetPort"]) == settings.listen.port
+    for probe, path in (("readinessProbe", "/health"), ("livenessProbe", "/livez")):
+        assert gw[probe]["httpGet"]["path"] == path
+    drain_s = float(gw["lifecycle"]["preStop"]["exec"]["command"][1]) \
+        + settings.timeouts.shutdown_grace_s + ABORT_WAIT_S
+    assert pod["spec"]["terminationGracePeriodSeconds"] > drain_s
+    # one pair, and so one driver, per node
+    (term,) = pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_turns_gpus_fractions_and_host_memory(turns, compose_turns) -> None:
+    from gateway.sim import memory
+
+    pod = pair_pod(turns)
+    plain, mtp = (container(pod, SGLANG_SERVICES[r]) for r in ("plain", "mtp"))
+    env = container_env(turns, plain)
+    tp = int(env["TP"])
+    assert int(plain["resources"]["limits"]["nvidia.com/gpu"]) == tp
+    assert "nvidia.com/gpu" not in mtp["resources"].get("limits", {})
+    assert container_env(turns, mtp)["NVIDIA_VISIBLE_DEVICES"] == "all"
+    fractions = (float(env["MEM_FRACTION_MTP"]), float(env["MEM_FRACTION_PLAIN"]))
+    for role in ("mtp", "plain"):
+        compose_flags = _flags(compose_turns["services"][SGLANG_SERVICES[role]]["command"])
+        assert float(compose_flags["--mem-fraction-static"]) == fractions[("mtp", "plain").index(role)]
+    hardware = memory.HARDWARE[memory.DEFAULT_HARDWARE]
+    assert hardware.gpus == tp
+    memory.size_turns(hardware, fractions)  # refuses fractions a resume would not fit
+    for role, server in (("plain", plain), ("mtp", mtp)):
+        retained = (memory.size_server_weights_gib(role, hardware) + memory.CUDA_GRAPHS_GIB) * tp
+        request = server["resources"]["requests"]["memory"]
+        assert request.endswith("Gi") and float(request[:-2]) >= retained, (role, retained)

@@ -1,6 +1,7 @@
-"""Park the first server of a turns pair before the second one starts (docker/compose.turns.yaml).
+"""Park the first server of a turns pair before the second one starts (docker/compose.turns.yaml,
+deploy/k8s/overlays/pair-turns).
 
-    python3 park.py --server http://sglang-plain:30002 --other http://sglang-mtp:30001
+    python -m gateway.deploy.park --server http://sglang-plain:30002 --other http://sglang-mtp:30001
 
 SGLang 0.5.23 sizes a server on the GPU memory free when it starts (distributed/bootstrap.py:
 193-223), so the second server of a turns pair must start only once the first has given its
@@ -17,7 +18,7 @@ It never releases twice (a second release of the same tags kills the server): it
 server that answers /ready 200 while the other server is not up. Run again on a live pair (say
 `docker compose up -d` a second time), it finds the other server up and does nothing: from then
 on the gateway owns the pair's turns. Standard library only; the admin key is read from
-SGLANG_ADMIN_KEY (the memory-saver endpoints are admin-optional, utils/auth.py:129-140).
+SGLANG_ADMIN_KEY (the memory-saver endpoints are admin-optional, utils/auth.py:133-144).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -40,7 +40,7 @@ def call(url: str, body: object | None = None, key: str | None = None, timeout: 
         request.add_header("authorization", f"Bearer {key}")
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status
+            return int(response.status)
     except urllib.error.HTTPError as error:
         return error.code
     except (urllib.error.URLError, OSError):
@@ -69,7 +69,8 @@ def park(server: str, other: str, key: str | None, wait_s: float, release_timeou
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m gateway.deploy.park",
+                                     description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--server", required=True, help="the first server, to park")
     parser.add_argument("--other", required=True, help="the second server, not started yet")
     parser.add_argument("--wait-s", type=float, default=3600.0, help="how long to wait for /ready")
@@ -81,4 +82,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
