@@ -271,6 +271,7 @@ class MemorySaver:
         self.live.engine.paused = True
         if mode == "retract":
             self.live.engine.retract()
+            self.live.engine.stats.recent.clear()  # gen_throughput reads 0 (scheduler.py:5928)
 
     async def continue_generation(self) -> None:
         self.state.tokenizer_paused = False

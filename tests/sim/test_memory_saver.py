@@ -246,6 +246,8 @@ async def test_retract_keeps_streams_open_and_silent_and_continue_finishes_them_
             await wait_until(lambda: live.engine.num_waiting == 1)
             assert live.engine.num_running == 0
             generated = live.engine.stats.generated_tokens
+            info = (await http.get(url + "/server_info")).json()
+            assert info["internal_states"][0]["last_gen_throughput"] == 0.0
             reader = Reader(lines)
             assert await reader.quiet(0.2)  # what was sent before the pause, then silence
             assert live.engine.stats.generated_tokens == generated
