@@ -344,11 +344,13 @@ class Pool:
                         sessions_at_work=at_work, session_requests=pair.sessions.requests)
 
     def pair_views(self, now: float, exclude: Collection[str] = ()) -> list[PairView]:
+        """Each pair's load and whether it can take the request: its servers' views only, not
+        a whole snapshot (sessions, learned crossover), which the chosen pair's decision takes."""
         views = []
         for pair in self.pairs.values():
-            snapshot = self.snapshot(pair, now, exclude)
-            usable = any(v.healthy for v in snapshot.backends.values())
-            views.append(PairView(pair.name, snapshot.concurrency, usable))
+            backends = [self.view(b, now, exclude) for b in pair.backends.values()]
+            views.append(PairView(pair.name, sum(v.load for v in backends),
+                                  any(v.healthy for v in backends)))
         return views
 
     # --- deciding ----------------------------------------------------------------------------
