@@ -24,6 +24,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.monitor import Monitor
 from gateway.pool import Pool
 from gateway.relay import ProxyEndpoint
+from gateway.response_ids import ResponseStore
 from gateway.routes import router as api_routes
 from gateway.turns.wiring import build_turns
 from gateway.upstream import Upstream
@@ -42,8 +43,10 @@ class Runtime:
         self.metrics = GatewayMetrics(registry, self.pool)
         self.upstream = Upstream(connect_timeout_s=settings.timeouts.connect_s)
         self.monitor = Monitor(settings, self.pool, self.upstream)
-        self.proxy = ProxyEndpoint(lambda: self.settings, self.pool, self.upstream, self.metrics)
-        self.turns = build_turns(settings, self.pool, self.upstream, self.proxy, registry)
+        self.responses = ResponseStore()
+        self.proxy = ProxyEndpoint(lambda: self.settings, self.pool, self.upstream, self.metrics,
+                                   self.responses)
+        self.turns = build_turns(settings, self.pool, self.upstream, self.proxy.handover, registry)
         self.proxy.waiting = self.turns.waiting
 
     def apply_routing(self, settings: Settings) -> None:
@@ -134,8 +137,8 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None,
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            if runtime.proxy.background:  # aborts still on their way to the backends
-                await asyncio.wait(runtime.proxy.background, timeout=2.0)
+            if runtime.proxy.aborts.background:  # aborts still on their way to the backends
+                await asyncio.wait(runtime.proxy.aborts.background, timeout=2.0)
             await runtime.upstream.close()
 
     app = FastAPI(title="mtp-gateway", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -18,8 +18,12 @@ OpenAI (chat, completions and the rest), Anthropic (/v1/messages), Responses (/v
         ├── UpstreamConnectError      502 connection refused / reset before a response
         ├── UpstreamTimeout           504 a timeout fired (kind names which)
         ├── UpstreamBroken            502 the backend closed a response half way
-        └── UpstreamRefused           the backend's own answer was an error (in a 200 stream)
+        ├── UpstreamStatus            the backend's own 5xx status, passed on
+        ├── UpstreamRefused           the backend's own answer was an error (in a 200 stream)
+        └── UpstreamStreamError       the backend ended a begun stream with an error event
     RelayError                        500 the gateway failed writing to its client (not the backend's)
+    ShuttingDown                      503 the gateway is shutting down
+    EndedByTurn                       503 a turns pair handed its memory over mid-request
 """
 
 from __future__ import annotations
@@ -121,10 +125,52 @@ class UpstreamBroken(UpstreamError):
     code, kind = "upstream_stream_broken", "broken_stream"
 
 
+class UpstreamStatus(UpstreamError):
+    """The backend answered 5xx: OpenAI-shaped, keeping the backend's status."""
+
+    kind = "status_5xx"
+
+    def __init__(self, status: int, backend: str, detail: str) -> None:
+        super().__init__(f"backend '{backend}' failed with HTTP {status}: {detail}")
+        self.status = status
+
+
+class UpstreamRefused(UpstreamError):
+    """A stream whose first event is an error (SGLang's full queue or abort, in a 200).
+
+    Nothing has gone to the client: it may be retried elsewhere. When it cannot be, the
+    client gets the backend's own stream as it is (`head`, then the rest of the response):
+    its error, in its API's shape."""
+
+    kind = "stream_error"
+
+    def __init__(self, status: int, backend: str, detail: str, head: bytes) -> None:
+        super().__init__(f"backend '{backend}' refused the request in its stream "
+                         f"({status}): {detail}")
+        self.status = status
+        self.head = head
+
+
+class UpstreamStreamError(UpstreamError):
+    """The backend ended a stream with an error event of its own, after its first byte."""
+
+    kind = "stream_error"
+
+
 class RelayError(GatewayError):
     """Writing to the client failed in the gateway itself: never the backend's failure."""
 
     kind = "relay"
+
+
+class ShuttingDown(GatewayError):
+    status, type, code, kind = 503, "server_error", "gateway_shutting_down", "shutdown"
+
+
+class EndedByTurn(GatewayError):
+    """A turns pair handed its memory over before this request finished (gateway/turns)."""
+
+    status, type, code, kind = 503, "server_error", "memory_turn", "memory_turn"
 
 
 # Anthropic error types by HTTP status, as SGLang maps them (anthropic/serving.py:74-85).

@@ -13,10 +13,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
+from gateway.admission import check_client_key
 from gateway.backends import BackendState
 from gateway.config import ConfigError, build_routing, describe_validation_error
 from gateway.errors import BadRequest, Forbidden, Unauthorized
 from gateway.inbound import bearer_token, parse_json_object
+from gateway.passthrough import pass_through
 from gateway.pool import PairState, Pool
 
 router = APIRouter()
@@ -139,9 +141,10 @@ async def _from_backends(request: Request, path: str, order: list[BackendState] 
     --api-key. By default the backend of the current mode first, the others if it fails."""
     runtime = _runtime(request)
     headers = request.scope["headers"]
-    runtime.proxy.check_client_key(headers, runtime.settings)
-    status, upstream_headers, body, backend = await runtime.proxy.pass_through(
-        request.method, path, headers, order or _by_mode(runtime.pool), next_on_404=next_on_404)
+    check_client_key(headers, runtime.settings)
+    status, upstream_headers, body, backend = await pass_through(
+        runtime.upstream, runtime.settings.timeouts.idle_s, request.method, path, headers,
+        order or _by_mode(runtime.pool), next_on_404=next_on_404)
     return Response(body, status_code=status, headers={
         **{k.decode("latin-1"): v.decode("latin-1") for k, v in upstream_headers},
         "x-gateway-backend": backend.name})
@@ -174,7 +177,7 @@ async def stored_response(request: Request, response_id: str) -> Response:
     """A stored response lives on the server that made it: asked there first (both, in turn,
     when the gateway does not know it, e.g. after a restart)."""
     pool: Pool = _runtime(request).pool
-    holder = pool.backends.get(_runtime(request).proxy.stored.get(response_id) or "")
+    holder = pool.backends.get(_runtime(request).responses.holder(response_id) or "")
     order = list(pool.backends.values())
     if holder is not None:
         order = [holder] + [b for b in order if b is not holder]

@@ -33,7 +33,7 @@ from gateway.errors import (
 )
 
 Header = tuple[bytes, bytes]
-Sink = Callable[[bytes], None]
+Sink = Callable[[bytes], object]  # what it returns is dropped
 
 # Response headers that describe one hop, or that the gateway sets itself.
 _SKIP_RESPONSE_HEADERS = frozenset({

@@ -131,7 +131,7 @@ class Harness:
         """Nothing in flight, no abort pending, and a real stream still goes through."""
         router = self.gateway.pool
         await wait_until(lambda: router.concurrency == 0, timeout=5)
-        await wait_until(lambda: not self.gateway.runtime.proxy.background, timeout=5)
+        await wait_until(lambda: not self.gateway.runtime.proxy.aborts.background, timeout=5)
         response = await self.client.post("/v1/chat/completions", headers=headers,
                                           json=chat(max_tokens=5, stream=True))
         assert response.status_code == 200 and sse_events(response.content)[-1] == "[DONE]"
@@ -823,7 +823,7 @@ async def test_keys_never_appear_in_logs(caplog: pytest.LogCaptureFixture,
             assert (await client.post(url, json=chat(), headers=good)).status_code == 200
             await mtp.clear_faults()
             await wait_until(lambda: gateway.pool.backends["mtp"].up, timeout=5)
-            await wait_until(lambda: not gateway.runtime.proxy.background, timeout=5)
+            await wait_until(lambda: not gateway.runtime.proxy.aborts.background, timeout=5)
     formatter = logging.Formatter()
     logged = "\n".join(record.getMessage() + (formatter.formatException(record.exc_info)
                                               if record.exc_info else "")

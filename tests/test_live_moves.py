@@ -315,7 +315,7 @@ async def test_a_stream_already_sent_keepalives_still_moves_whole(small_mtp, cap
         burst = Burst(gateway, small_mtp, client)
 
         def keepalives_out() -> bool:  # every queued stream has its headers and a comment
-            waiting = list(gateway.runtime.proxy.unstarted.get(gateway.pool.backends["mtp"], {}))
+            waiting = list(gateway.runtime.proxy.handover.unstarted.get(gateway.pool.backends["mtp"], {}))
             return len(waiting) == QUEUED_STREAMS and all(e.committed for e in waiting)
 
         async def keepalives_sent() -> None:
@@ -341,14 +341,15 @@ async def test_a_stream_whose_first_bytes_wait_unread_is_not_moved() -> None:
     begun. Only a stream with nothing unread is movable."""
     from types import SimpleNamespace
 
-    from gateway.relay import _movable
+    from gateway.exchange import Waiting
+    from gateway.handover import movable
 
     loop = asyncio.get_running_loop()
     source, target = object(), object()
     lease = SimpleNamespace(backend=source, movable=True, attempts=[SimpleNamespace(backend=source)])
     upstream = SimpleNamespace(unread=False)
-    exchange = SimpleNamespace(opening=loop.create_future(), moved=loop.create_future(),
-                               mid_event=False, upstream=upstream, lease=lease)
-    assert _movable(exchange, source, target)
+    exchange = SimpleNamespace(waiting=Waiting(loop.create_future(), loop.create_future()),
+                               upstream=upstream, lease=lease)
+    assert movable(exchange, source, target)
     upstream.unread = True  # bytes arrived; the opening task has not run since
-    assert not _movable(exchange, source, target)
+    assert not movable(exchange, source, target)

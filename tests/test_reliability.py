@@ -557,7 +557,7 @@ async def test_state_kept_per_client_stays_bounded(sim) -> None:
         streams = [await OpenStream(client, gateway.url + URL, chat(**LONG)).open() for _ in range(8)]
         await asyncio.gather(*(s.close() for s in streams))  # eight disconnects, eight aborts
         await settled(gateway, 0)
-        await wait_until(lambda: not gateway.runtime.proxy.background, timeout=5)
+        await wait_until(lambda: not gateway.runtime.proxy.aborts.background, timeout=5)
         await idle_engines(sim)
 
 

@@ -1,0 +1,74 @@
+"""One proxied request on its way through the relay: what every step of it shares.
+
+Each relay module owns its own part (the attempt runner the upstream response and framer, the
+hand-over the wait for a first event, the endings how it ended); how the request ended is
+written in one place, `Exchange.settle`."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from gateway.errors import UpstreamError, UpstreamRefused, UpstreamStatus
+from gateway.inbound import Headers, Inbound
+from gateway.pool import Failure, Lease, Outcome
+from gateway.sse import EventFramer
+from gateway.upstream import UpstreamResponse
+from gateway.watchdog import Watchdog
+
+
+@dataclass(eq=False)
+class Waiting:
+    """A stream's opening while it waits for its first event: what a planned move at the
+    flip races against (see gateway.handover)."""
+
+    opening: asyncio.Future[tuple[UpstreamResponse, bytes]]
+    moved: asyncio.Future[None]  # resolved by a planned move
+    # Of the backend's bytes this attempt took, some end inside an event (the answer may have
+    # begun): not movable. Whole lead-in events (Responses' response.created) say nothing yet.
+    mid_event: bool = False
+
+
+@dataclass(eq=False)
+class Exchange:
+    """One request: the facts, the lease, what has been sent, and how it ended."""
+
+    inbound: Inbound
+    client_headers: Headers
+    lease: Lease
+    started: float
+    watchdog: Watchdog
+    committed: bool = False  # response headers went to the client: no more retries
+    status: int = 0  # what the client got, for the access log
+    first_byte_at: float | None = None
+    upstream: UpstreamResponse | None = None  # the current attempt's response
+    framer: EventFramer = field(default_factory=EventFramer)  # whole events out, one per attempt
+    recent: list[bytes] = field(default_factory=list)  # the last events sent (pump.RECENT_CHUNKS)
+    waiting: Waiting | None = None  # while a stream waits for its first event
+    refused: bool = False  # the stream relayed is the backend's own refusal
+    tokens: tuple[int, int] | None = None  # prompt and completion tokens, when usage was seen
+    # How it ended, written by settle() only:
+    outcome: Outcome | None = None  # for the lease (None: a bug, judged the gateway's)
+    failure: Failure | None = None  # the last attempt's failure, with BACKEND_FAILURE
+    ended: str = "complete"  # for the access log
+
+    def settle(self, outcome: Outcome, ended: str | None = None,
+               failure: Failure | None = None) -> None:
+        """How the request ended (the last word counts): `Lease.end` is told it at the end."""
+        self.outcome = outcome
+        if ended is not None:
+            self.ended = ended
+        if failure is not None:
+            self.failure = failure
+
+    def refuse(self, failure: Failure) -> None:
+        """The backend's refusal in its stream goes to the client as sent: the backend
+        failed the request, whatever happens next."""
+        self.refused, self.failure = True, failure
+
+
+def failure_of(exc: UpstreamError) -> Failure:
+    """A backend's failure as its lease judges it. The backend answered, with an error (a 5xx,
+    or one in its stream's first event): when the other server answers the same request the
+    same way, the request is the cause."""
+    return Failure(exc.kind, answered=isinstance(exc, UpstreamStatus | UpstreamRefused))
