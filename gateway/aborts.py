@@ -4,15 +4,10 @@ instead of SGLang's own check 2 s after the socket closes."""
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 
-from gateway.backends import BackendState
-from gateway.errors import GatewayError
+from gateway.engine import sglang as engine
 from gateway.exchange import Exchange
 from gateway.upstream import Upstream
-
-log = logging.getLogger("mtp_gateway.relay")
 
 
 class Aborts:
@@ -25,21 +20,8 @@ class Aborts:
         if exchange.upstream is not None:
             exchange.upstream.close()
             exchange.upstream = None
+        backend = exchange.lease.backend
         for rid in exchange.inbound.abort_rids:
-            task = asyncio.create_task(self._post_abort(exchange.lease.backend, rid))
+            task = asyncio.create_task(engine.abort(self.upstream, backend.target, backend.name, rid))
             self.background.add(task)
             task.add_done_callback(self.background.discard)
-
-    async def _post_abort(self, state: BackendState, rid: str) -> None:
-        target, backend = state.target, state.name
-        key = target.admin_api_key or target.api_key  # SGLang: the admin key when it has one
-        headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
-        try:
-            status = await self.upstream.post_json(target.url + "/abort_request",
-                                                   json.dumps({"rid": rid}).encode(), headers, 5.0)
-        except GatewayError as exc:
-            log.info("abort of %s on %s failed: %s", rid, backend, exc.message)
-            return
-        if status in (401, 403):
-            log.warning("abort of %s on %s refused with HTTP %d: set backends.%s.admin_api_key "
-                        "to the server's --admin-api-key", rid, backend, status, backend)

@@ -4,9 +4,7 @@ upstream headers and body. No I/O; the relay calls these once per request.
 
 from __future__ import annotations
 
-import itertools
 import re
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -17,6 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.apis import OPENAI, api_of
 from gateway.config import ROLES, Role
+from gateway.engine import sglang as engine
 from gateway.errors import BadRequest, UnsupportedMediaType
 
 Headers = list[tuple[bytes, bytes]]
@@ -41,21 +40,8 @@ PROXY_PATHS: dict[str, str | None] = {
 }
 # Paths SGLang also serves on PUT (http_server.py:928, :2101): the same handler as POST.
 PUT_PATHS = frozenset({"/generate", "/v1/rerank"})
-# Where SGLang takes a request id from the body, and under which name. /v1/responses uses
-# its `request_id` as the rid and as the response's id (serving_responses.py:592, protocol.py:1973).
-RID_FIELDS = {"/v1/chat/completions": "rid", "/v1/completions": "rid", "/generate": "rid",
-              "/v1/responses": "request_id"}
-# /v1/messages has no rid field (anthropic/protocol.py:370); SGLang reads this header instead
-# when launched with SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1 (request_headers.py:11,
-# serving_chat.py:1417), and ignores it otherwise.
-RID_HEADER = b"x-override-rid"
-RID_HEADER_PATHS = frozenset({"/v1/messages"})
 _as_bool = TypeAdapter(bool).validate_python  # how SGLang's pydantic models read `stream`
 
-# Request ids: random per process (no clash between gateway replicas), then a counter, so
-# no system call per request; 32 hex characters like SGLang's own.
-_RID_PREFIX = f"{secrets.randbits(64):016x}"
-_rids = (f"{_RID_PREFIX}{n:016x}" for n in itertools.count())
 
 # Never forwarded: they describe this hop, or carry the client's credentials to the gateway.
 _DROP_REQUEST_HEADERS = frozenset({
@@ -210,7 +196,7 @@ def with_rid(body: bytes, fields: RequestFields, name: str = "rid",
         return (body,), existing if isinstance(existing, str) and existing else None
     if not body.lstrip().startswith(b"{"):
         return (body,), None  # e.g. UTF-16: leave it alone rather than guess
-    rid = prefix + next(_rids)
+    rid = prefix + engine.new_rid()
     start = body.index(b"{") + 1
     separator = b"" if _EMPTY_REST.match(body, start) else b","
     head = b'%s"%s":"%s"%s' % (body[:start], name.encode(), rid.encode(), separator)
@@ -218,17 +204,15 @@ def with_rid(body: bytes, fields: RequestFields, name: str = "rid",
 
 
 def abort_rids(path: str, fields: RequestFields, rid: str | None) -> tuple[str, ...]:
-    """The rids SGLang gives the work of one request, as far as they can be known.
-
-    A batch (a list of prompts on /v1/completions or /generate) runs as `rid_0`, `rid_1`, ...
-    (io_struct.py:764), and SGLang's /abort_request needs the exact rid (tokenizer_manager.py:
-    2246). With n > 1 every sample gets a fresh random rid (tokenizer_manager.py:2174,
-    `regenerate_rid`): nothing the gateway sends can name them, so no abort is sent."""
-    if rid is None or _samples(fields) > 1:
+    """The rids the engine gives the work of one request (a batch is a list of prompts on
+    /v1/completions or /generate): engine.abort_rids."""
+    if rid is None:
         return ()
-    batch = _batch_size(fields.prompt if path == "/v1/completions" else
-                        fields.text if fields.text is not UNSET else fields.input_ids)
-    return (rid,) if batch is None else tuple(f"{rid}_{i}" for i in range(batch))
+    samples = _samples(fields)
+    batch = None if samples > 1 else _batch_size(  # n > 1: no rid to name, no list to read
+        fields.prompt if path == "/v1/completions" else
+        fields.text if fields.text is not UNSET else fields.input_ids)
+    return engine.abort_rids(rid, samples, batch)
 
 
 def _samples(fields: RequestFields) -> int:
@@ -258,13 +242,13 @@ def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: 
     rid = None
     parts: Body = (body,)
     extra: tuple[tuple[bytes, bytes], ...] = ()
-    name = RID_FIELDS.get(path)
+    name = engine.RID_FIELDS.get(path)
     if name is not None:
-        # Response ids must start with "resp_" to be named as previous_response_id later.
-        parts, rid = with_rid(body, fields, name, "resp_" if name == "request_id" else "")
-    elif path in RID_HEADER_PATHS:
-        rid = header(headers, RID_HEADER) or next(_rids)
-        extra = ((RID_HEADER, rid.encode("latin-1")),)
+        prefix = engine.RESPONSE_ID_PREFIX if name == "request_id" else ""
+        parts, rid = with_rid(body, fields, name, prefix)
+    elif path in engine.RID_HEADER_PATHS:
+        rid = header(headers, engine.RID_HEADER) or engine.new_rid()
+        extra = ((engine.RID_HEADER, rid.encode("latin-1")),)
     previous = fields.previous_response_id
     return Inbound(
         path=path,

@@ -20,10 +20,10 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any
 
 from gateway.backends import BackendState
 from gateway.config import Settings
+from gateway.engine import sglang as engine
 from gateway.errors import GatewayError, UpstreamConnectError
 from gateway.pool import Pool
 from gateway.upstream import Upstream
@@ -31,8 +31,6 @@ from gateway.upstream import Upstream
 log = logging.getLogger("mtp_gateway.monitor")
 
 SERVER_INFO_EVERY = 5  # probes between /server_info reads (the cap rarely changes)
-NOT_PROVIDED = (404, 405)  # the server answers, but has no such endpoint
-LOADS, SERVER_INFO = "/v1/loads", "/server_info"
 
 
 class _Missing:
@@ -40,30 +38,6 @@ class _Missing:
 
 
 MISSING = _Missing()
-
-
-def parse_server_info(info: Any) -> tuple[int | None, float | None]:
-    """(effective running cap, accept length) from SGLang's /server_info."""
-    if not isinstance(info, dict):
-        return None, None
-    states = info.get("internal_states") or [{}]
-    state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
-    cap = state.get("effective_max_running_requests_per_dp", info.get("max_running_requests"))
-    accept = state.get("avg_spec_accept_length")
-    return (int(cap) if isinstance(cap, int | float) else None,
-            float(accept) if isinstance(accept, int | float) else None)
-
-
-def parse_loads(loads: Any) -> tuple[int, int] | None:
-    """(running, waiting) summed over DP ranks from /v1/loads (0.5.23 and 0.5.10 shapes)."""
-    if not isinstance(loads, dict) or not isinstance(loads.get("loads"), list):
-        return None
-    running = waiting = 0
-    for rank in loads["loads"]:
-        if isinstance(rank, dict):
-            running += int(rank.get("num_running_reqs", 0))
-            waiting += int(rank.get("num_waiting_reqs", 0))
-    return running, waiting
 
 
 class Monitor:
@@ -90,19 +64,19 @@ class Monitor:
             return
         target = backend.target
         budget = self.settings.monitor.request_timeout_s
-        headers = [(b"authorization", f"Bearer {target.api_key}".encode())] if target.api_key else []
+        headers = engine.probe_headers(target)
         missing = set(backend.missing_endpoints)
         try:
-            loads = await self._get_optional(target.url + LOADS, headers, budget)
+            loads = await self._get_optional(target.url + engine.LOADS, headers, budget)
             if self._rounds % SERVER_INFO_EVERY == 0 or (
-                    backend.effective_cap is None and SERVER_INFO not in missing):
-                info = await self._get_optional(target.url + SERVER_INFO, headers, budget)
-                self._note(missing, SERVER_INFO, info)
-                backend.record_server_info(*parse_server_info(info))
-            self._note(missing, LOADS, loads)
+                    backend.effective_cap is None and engine.SERVER_INFO not in missing):
+                info = await self._get_optional(target.url + engine.SERVER_INFO, headers, budget)
+                self._note(missing, engine.SERVER_INFO, info)
+                backend.record_server_info(*engine.parse_server_info(info))
+            self._note(missing, engine.LOADS, loads)
             if loads is MISSING:  # /v1/models: the probe left
-                await self.upstream.get_json(target.url + "/v1/models", headers, budget)
-            running_waiting = parse_loads(loads)
+                await self.upstream.get_json(target.url + engine.MODELS, headers, budget)
+            running_waiting = engine.parse_loads(loads)
         except GatewayError as exc:
             self._probe_failed(backend, exc.message)
             return
@@ -120,7 +94,7 @@ class Monitor:
                             budget: float) -> object:
         """JSON of an endpoint only SGLang has; MISSING when the server answers 404/405."""
         status, body = await self.upstream.request("GET", url, headers, None, budget)
-        if status in NOT_PROVIDED:
+        if status in engine.NOT_PROVIDED:
             return MISSING
         if status != 200:
             raise UpstreamConnectError(f"{url} answered {status}")
@@ -141,7 +115,7 @@ class Monitor:
         if missing:
             log.warning("backend %s has no %s: routing on the gateway's own in-flight counts%s",
                         backend.name, " or ".join(sorted(missing)),
-                        ", without its running cap or accept length" if SERVER_INFO in missing
+                        ", without its running cap or accept length" if engine.SERVER_INFO in missing
                         else "")
         else:
             log.warning("backend %s answers /v1/loads and /server_info again", backend.name)

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 async def calibrate(args: argparse.Namespace) -> int:
     """The whole command in the running event loop (tests run it beside a simulated pair)."""
     from gateway.config import ConfigError, build_routing, load_settings
-    from gateway.monitor import parse_server_info
+    from gateway.engine.sglang import parse_server_info
     from gateway.sim.profile import load_profiles, save_profiles
 
     try:
