@@ -748,3 +748,28 @@ async def test_park_pauses_and_releases_the_first_server_once():
         mtp = pair.urls["mtp"]
         untouched = await asyncio.to_thread(park.park, mtp, plain, "k", 5, 5)
         assert "nothing done" in untouched and (await http.get(mtp + "/ready")).status_code == 200
+
+
+def test_readme_turns_without_docker_matches_compose_turns(compose_turns):
+    readme = (DOCKER / "README.md").read_text()
+    block = readme[readme.index("The turns shape without Docker"):]
+    block = block[block.index("```bash"):block.index("```", block.index("```bash") + 3)]
+    common = readme[readme.index('COMMON="'):]
+    common = common[:common.index('"', len('COMMON="'))].replace("\\\n", " ")
+    text = block.replace("\\\n", " ")
+    launches = [line for line in text.splitlines() if "sglang.launch_server" in line]
+    assert len(launches) == 2
+    turns_flags = re.search(r'TURNS="([^"]*)"', text).group(1)
+    for line in launches:
+        words = line.replace("$COMMON", common[len('COMMON="'):]).replace("$TURNS", turns_flags).split()
+        words = words[words.index("sglang.launch_server") + 1:words.index(">")]
+        flags = _flags(words)
+        role = "plain" if flags["--port"] == "30002" else "mtp"
+        compose_flags = _sglang_flags(compose_turns, role)
+        assert set(flags) == set(compose_flags), role  # the same flags as compose.turns.yaml
+        assert flags["--mem-fraction-static"] == compose_flags["--mem-fraction-static"], role
+    env = compose_turns["services"]["sglang-plain"]["environment"]
+    for name in ("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "TMS_RETAIN_CPU_BACKUP", "PYTORCH_CUDA_ALLOC_CONF"):
+        assert f"{name}={env[name]}" in text.split("\n")[1], name
+    # plain is parked before the MTP server starts
+    assert text.index("--port 30002") < text.index("gateway.deploy.park") < text.index("--port 30001")
