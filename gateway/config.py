@@ -118,6 +118,7 @@ class Pair(_Frozen):
     plain: Backend
     routing: dict[str, Any] = Field(default_factory=dict)  # this pair's own routing values
     memory: MemoryShape | None = None  # None: the top-level `memory`
+    controller_url: str | None = None  # turns: the gateway driving it (None: turns.controller_url)
 
     @field_validator("name")
     @classmethod
@@ -191,6 +192,9 @@ class Turns(_Frozen):
     to_plain_after_s: float = Field(0.0, ge=0)
     to_mtp_after_s: float = Field(5.0, ge=0)
     state_file: str | None = None  # the journal a restart settles from (one per node)
+    # Several replicas: the gateway beside the pair drives its turns (null: this one does);
+    # the others follow its GET /turns/state and hand off their own streams at a turn.
+    controller_url: str | None = None
 
 
 class Log(_Frozen):
@@ -241,6 +245,10 @@ class Settings(BaseSettings):
 
     def memory_of(self, pair: Pair) -> MemoryShape:
         return pair.memory or self.memory
+
+    def controller_of(self, pair: Pair) -> str | None:
+        """A turns pair's controller when another gateway drives it (None: this one)."""
+        return pair.controller_url or self.turns.controller_url
 
     def routing_for(self, pair: Pair) -> Routing:
         """A pair's routing: the routing section with the pair's own values over it."""

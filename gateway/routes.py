@@ -196,6 +196,14 @@ async def dashboard_state(request: Request) -> JSONResponse:
     return JSONResponse(routing_state(_runtime(request), with_urls=False))
 
 
+@router.get("/turns/state")
+async def turns_state(request: Request) -> JSONResponse:
+    """Each turns pair's memory state (gateway/turns): what the replicas that follow this
+    gateway's turns read (turns.controller_url)."""
+    require_metrics_access(request)
+    return JSONResponse({"pairs": _runtime(request).turns.state()})
+
+
 @router.get("/dashboard")
 async def dashboard(request: Request) -> HTMLResponse:
     require_metrics_access(request)

@@ -28,9 +28,11 @@ from gateway.turns import nvml
 from gateway.turns.saver import CallFailed, MemorySaver
 from gateway.turns.state import (
     PairMemory,
+    Phase,
     Probe,
     Step,
     begin_turn,
+    can_turn_to,
     discovered,
     from_journal,
     holder_lost,
@@ -38,6 +40,7 @@ from gateway.turns.state import (
     journal,
     other,
     rediscover,
+    reprobed,
     sending,
     step_done,
     step_failed,
@@ -132,6 +135,7 @@ class PairDriver:
         self.turns_done = 0
         self._turn_started: float | None = None
         self._nvml_seen: bool | None = None
+        self._reprobe_at = 0.0
         self._park()
 
     # --- what the rest of the gateway reads --------------------------------------------------
@@ -139,6 +143,14 @@ class PairDriver:
     @property
     def admitting(self) -> Role | None:
         return self.state.admitting
+
+    @property
+    def holder(self) -> Role | None:
+        return self.state.holder
+
+    @property
+    def phase(self) -> Phase:
+        return self.state.phase
 
     @property
     def waiting_for_turn(self) -> bool:
@@ -190,14 +202,29 @@ class PairDriver:
                 self._outcome("holder_lost")
                 self._set(holder_lost(state, self.clock()))
                 return
+            if state.holder is not None and self.clock() >= self._reprobe_at:
+                await self._reprobe(other(state.holder))
+                state = self.state
             target = self.wish.turn_to(state, self.clock()) if state.phase == "holding" else None
-            if target is not None and target != state.holder:
+            if target is not None and can_turn_to(state, target):
                 self._turn_started = self.clock()
                 log.warning("pair %s: handing the memory %s -> %s", self.name, state.holder,
                             target)
                 self._set(begin_turn(state, target, self.clock()))
                 return
             await asyncio.sleep(TICK_S)
+
+    async def _reprobe(self, role: Role) -> None:
+        """A server gone or hung beside the holder: probed again every stuck_retry_s."""
+        self._reprobe_at = self.clock() + self.turns.stuck_retry_s
+        if self.state.of(role) not in ("gone", "hung"):
+            return
+        probe = await self.savers[role].probe(self.turns.call_timeout_s)
+        state = reprobed(self.state, role, probe)
+        if state is not self.state:
+            log.warning("pair %s: %s answers again, paused: it may take the memory again",
+                        self.name, role)
+            self._set(state)
 
     async def drive(self) -> None:
         """Discover, run the plan in progress; again after a failure; until the pair holds
@@ -299,10 +326,18 @@ class PairDriver:
                 await self._check_speculation(saver)
 
     async def _running_streams(self, source: BackendState) -> None:
-        """Running streams finish first within `finish_within_s`; the rest end with an error in
-        their API's shape (a hand-off continues them on the other server, once wired)."""
+        """Running streams finish first within `finish_within_s`, this gateway's and (by the
+        server's own count, /v1/loads) the replicas' that follow it; this gateway's left then
+        end with an error in their API's shape (a hand-off continues them on the other server,
+        once wired). The followers end theirs at the same bound (gateway/turns/follow.py)."""
         deadline = self.clock() + self.turns.finish_within_s
         while source.inflight and self.clock() < deadline:
+            await asyncio.sleep(TICK_S)
+        saver = self.savers[source.role]
+        while not source.inflight and self.clock() < deadline:  # other replicas' streams
+            busy = await saver.busy(self.turns.call_timeout_s)
+            if not busy:  # none left (or no /v1/loads to tell)
+                break
             await asyncio.sleep(TICK_S)
         if source.inflight:
             ended = self.streams.end_running(source, "memory_turn")

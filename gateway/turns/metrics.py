@@ -67,8 +67,8 @@ class _TurnsCollector(Collector):
                                   labels=["pair", "phase"])
         for name, driver in self.drivers().items():
             for role, backend in driver.backends.items():
-                holder.add_metric([name, backend.name], float(driver.state.holder == role))
+                holder.add_metric([name, backend.name], float(driver.holder == role))
             for each in PHASES:
-                phase.add_metric([name, each], float(driver.state.phase == each))
+                phase.add_metric([name, each], float(driver.phase == each))
         yield holder
         yield phase

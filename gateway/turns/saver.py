@@ -25,6 +25,7 @@ import json
 
 from gateway.config import Backend
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamTimeout
+from gateway.monitor import parse_loads
 from gateway.turns.state import FailureKind, Probe
 from gateway.upstream import Upstream
 
@@ -80,6 +81,15 @@ class MemorySaver:
         ready = await self._status("/ready", timeout_s) == 200
         answers = await self._status("/server_info", timeout_s) == 200
         return Probe(alive=True, ready=ready, scheduler_answers=answers)
+
+    async def busy(self, timeout_s: float) -> int | None:
+        """Requests running or waiting there, every client's (/v1/loads); None: it cannot say."""
+        try:
+            status, body = await self._call("GET", "/v1/loads", None, timeout_s, self._user)
+            loads = parse_loads(json.loads(body)) if status == 200 else None
+        except (CallFailed, ValueError, TypeError):
+            return None
+        return None if loads is None else sum(loads)
 
     async def accept_length(self, timeout_s: float) -> float | None:
         """The accept length of one short greedy generation (None: not a speculative server,

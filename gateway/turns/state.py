@@ -150,11 +150,18 @@ def turn_plan(source: Role, target: Role) -> tuple[Step, ...]:
     return tuple(steps)
 
 
+def can_turn_to(state: PairMemory, target: Role) -> bool:
+    """A turn may start: the pair holds, and `target` is known released (not hung, gone or in
+    doubt: resuming those could hang or kill it)."""
+    return (state.phase == "holding" and state.holder == other(target)
+            and state.of(target) == "released")
+
+
 def begin_turn(state: PairMemory, target: Role, now: float) -> PairMemory:
-    """Hand the memory to `target`: only from holding, to the server that does not hold it."""
-    if state.phase != "holding" or state.holder is None or state.holder == target:
-        raise ValueError(f"no turn to {target} from {state.phase} (holder {state.holder})")
-    return replace(state, phase="handing", plan=turn_plan(state.holder, target), target=target,
+    """Hand the memory to `target` (see `can_turn_to`)."""
+    if not can_turn_to(state, target):
+        raise ValueError(f"no turn to {target} from {state.phase} (memory {dict(state.memory)})")
+    return replace(state, phase="handing", plan=turn_plan(other(target), target), target=target,
                    since=now, step_since=now, failed_plans=0, why="")
 
 
@@ -164,6 +171,17 @@ def holder_lost(state: PairMemory, now: float) -> PairMemory:
     if state.phase != "holding":
         raise ValueError(f"no holder to lose in {state.phase}")
     return replace(state, phase="discovering", since=now, step_since=now)
+
+
+def reprobed(state: PairMemory, role: Role, probe: Probe) -> PairMemory:
+    """While the other holds, a server found gone or hung is probed again: restarted and
+    paused beside the holder, it holds nothing and may take a turn again."""
+    if state.phase != "holding" or state.holder != other(role):
+        return state
+    if state.of(role) in ("gone", "hung") and probe.alive and probe.scheduler_answers \
+            and not probe.ready:
+        return replace(state, memory=_with(state, role, "released"))
+    return state
 
 
 def sending(state: PairMemory) -> PairMemory:

@@ -16,6 +16,7 @@ from gateway.pool import PairState, Pool
 from gateway.turns.decision import NEVER, LoadSignal, TurnRules, decide_turn, wanted
 from gateway.turns.decision import PairMemory as TurnMemory
 from gateway.turns.driver import Journal, PairDriver, Streams
+from gateway.turns.follow import FollowDriver
 from gateway.turns.metrics import TurnMetrics
 from gateway.turns.saver import MemorySaver
 from gateway.turns.state import PairMemory
@@ -70,7 +71,8 @@ class LoadWish:
 
 
 class TurnsRuntime:
-    def __init__(self, drivers: dict[str, PairDriver], waiting: WaitingRoom | None) -> None:
+    def __init__(self, drivers: dict[str, PairDriver | FollowDriver],
+                 waiting: WaitingRoom | None) -> None:
         self.drivers = drivers
         self.waiting = waiting
 
@@ -86,17 +88,22 @@ def build_turns(settings: Settings, pool: Pool, upstream: Upstream, streams: Str
                 registry: CollectorRegistry) -> TurnsRuntime:
     """A driver for every pair with `memory: turns` (none: nothing runs, nothing waits)."""
     turns = settings.turns
-    names = [p.name for p in settings.fleet() if settings.memory_of(p) == "turns"]
-    if not names:
+    pairs = [p for p in settings.fleet() if settings.memory_of(p) == "turns"]
+    if not pairs:
         return TurnsRuntime({}, None)
     waiting = WaitingRoom(turns.wait_max_requests, turns.wait_max_s, turns.retry_after_s)
-    drivers: dict[str, PairDriver] = {}
+    drivers: dict[str, PairDriver | FollowDriver] = {}
     metrics = TurnMetrics(registry, lambda: drivers, lambda: waiting.waiting)
     journal = Journal(turns.state_file)
-    for name in names:
-        pair = pool.pairs[name]
+    for spec in pairs:
+        name, pair, controller = spec.name, pool.pairs[spec.name], settings.controller_of(spec)
         savers = {role: MemorySaver(upstream, backend.target, backend.name)
                   for role, backend in pair.backends.items()}
+        if controller is not None:
+            follower = FollowDriver(name, pair.backends, savers, streams, turns, upstream,
+                                    controller, on_change=waiting.changed)
+            pair.turns = drivers[name] = follower
+            continue
         driver = PairDriver(name, pair.backends, savers, streams, turns,
                             wish=LoadWish(pool, pair, turns, lambda: waiting.waiting),
                             journal=journal,

@@ -12,11 +12,13 @@ from gateway.turns.state import (
     Probe,
     Step,
     begin_turn,
+    can_turn_to,
     discovered,
     from_journal,
     holder_lost,
     initial,
     journal,
+    reprobed,
     sending,
     step_done,
     step_failed,
@@ -198,6 +200,20 @@ def test_a_resume_that_never_answers_leaves_that_server_alone():
     assert dict(state.memory) == {"mtp": "released", "plain": "hung"}
     assert all(step.role == "mtp" or step.action == "move_unstarted" for step in state.plan)
     assert finish(state).admitting == "mtp"
+
+
+def test_no_turn_to_a_hung_server_until_it_answers_again_paused():
+    state = step_failed(run_until(begin_turn(holding(), "plain", 1.0), "resume"),
+                        "timeout", "no answer", 2.0)
+    state = finish(discovered(state, {"mtp": PAUSED, "plain": STUCK_IN_CALL}, "plain", 3.0))
+    assert state.admitting == "mtp" and not can_turn_to(state, "plain")
+    with pytest.raises(ValueError):
+        begin_turn(state, "plain", 4.0)
+    assert reprobed(state, "plain", STUCK_IN_CALL) is state  # still hung
+    assert reprobed(state, "plain", DEAD) is state
+    again = reprobed(state, "plain", PAUSED)  # restarted, paused beside the holder
+    assert again.of("plain") == "released" and can_turn_to(again, "plain")
+    assert reprobed(holding(), "mtp", PAUSED) == holding()  # the holder is not reprobed
 
 
 def test_a_resume_answered_late_counts_as_held():
