@@ -3,7 +3,9 @@
 - `state`: the pair's memory state, a pure state machine (who holds the memory, each step of
   a turn in progress, what a failure leaves, how a restart settles);
 - `decision`: when to hand over (vturns);
-- `saver`: SGLang 0.5.23's memory-saver calls (to move into the engine seam);
+- SGLang 0.5.23's memory-saver calls are in the engine seam (gateway/engine/sglang.py, MemorySaver);
 - `driver`: the one task per pair that does the I/O the state machine asks for;
-- `waiting`: the arrivals that wait at the gateway while no server admits.
+- `follow`: a replica that follows another gateway's turns (`turns.controller_url`);
+- `waiting`: the arrivals that wait at the gateway while no server admits;
+- `wiring`, `metrics`, `nvml`: the assembly, the metrics, the GPUs' free memory.
 """

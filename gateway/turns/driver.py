@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 from gateway.backends import BackendState
 from gateway.config import ROLES, Role, Turns
+from gateway.engine.sglang import CallFailed, MemorySaver
 from gateway.turns import nvml
-from gateway.turns.saver import CallFailed, MemorySaver
 from gateway.turns.state import (
     PairMemory,
     Phase,

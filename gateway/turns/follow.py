@@ -21,9 +21,9 @@ from typing import Any
 
 from gateway.backends import BackendState
 from gateway.config import ROLES, Role, Turns
+from gateway.engine.sglang import MemorySaver
 from gateway.errors import GatewayError
 from gateway.turns.driver import Streams
-from gateway.turns.saver import MemorySaver
 from gateway.turns.state import PHASES, Phase, other
 from gateway.upstream import Upstream
 

@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gateway.config import Role, Settings, Turns
+from gateway.engine.sglang import MemorySaver
 from gateway.policy import load_against_crossover
 from gateway.pool import PairState, Pool
 from gateway.turns.decision import NEVER, LoadSignal, TurnRules, decide_turn, wanted
@@ -18,7 +19,6 @@ from gateway.turns.decision import PairMemory as TurnMemory
 from gateway.turns.driver import Journal, PairDriver, Streams
 from gateway.turns.follow import FollowDriver
 from gateway.turns.metrics import TurnMetrics
-from gateway.turns.saver import MemorySaver
 from gateway.turns.state import PairMemory
 from gateway.turns.waiting import WaitingRoom
 from gateway.upstream import Upstream
