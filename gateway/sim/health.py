@@ -34,31 +34,40 @@ class Health:
         ]
 
     async def health(self, request: Request) -> Response:
-        """Like SGLang: generate one token, at least ~1 s (scaled); 503 when failing. Past the
-        20 s the server is marked unhealthy (http_server.py:779-798): a paused server's probe
-        waits in the tokenizer, so after 20 s of pause /health is 503 and /ready, /ping too."""
-        scale = 1 / self.live.speed  # real seconds per simulated second
+        """As SGLang (http_server.py:721-799): send a one-token request, then every 1 s
+        (scaled) look whether anything came back from the scheduler since: 200 at the first
+        look that finds it, 503 after the 20 s, which also marks the server unhealthy. A busy
+        scheduler skips the probe (its running requests' outputs answer for it,
+        scheduler.py:2240-2247); a paused server's probe waits in the tokenizer, so after 20 s
+        of pause /health is 503 and /ready, /ping too. 503 at once under a sim fault."""
         if self.faults.failing:
             return Response(status_code=503)
-        probe = self._health_probe()
-        floor = asyncio.sleep(HEALTH_MIN_S * scale)
+        scale = 1 / self.live.speed  # real seconds per simulated second
+        loop = asyncio.get_running_loop()
+        tic = loop.time()
+        probe = asyncio.create_task(self._health_probe())
         try:
-            ok, _ = await asyncio.wait_for(asyncio.gather(probe, floor), HEALTH_TIMEOUT_S * scale)
-        except TimeoutError:
-            self.context.healthy = ok = False
-        if ok:
-            self.context.healthy = True
-        return Response(status_code=200 if ok else 503)
+            while loop.time() < tic + HEALTH_TIMEOUT_S * scale:
+                await asyncio.sleep(HEALTH_MIN_S * scale)
+                if self.live.last_output_at > tic:
+                    self.context.healthy = True
+                    return Response(status_code=200)
+        finally:
+            probe.cancel()
+        self.context.healthy = False
+        return Response(status_code=503)
 
-    async def _health_probe(self) -> bool:
+    async def _health_probe(self) -> None:
         await self.faults.wait_unhung()
+        if not self.live.engine.is_fully_idle:
+            return  # skipped by a busy scheduler
         rid = f"HEALTH_CHECK_{formats.new_rid()}"
         try:
             queue = self.live.submit(EngineRequest(rid, [0], 1))
         except (QueueFullError, ValueError):
-            return False
+            return
         try:
-            return (await queue.get()).finish_reason == "length"
+            await queue.get()
         finally:
             self.live.abort(rid, exact=True)  # after a timeout, do not leave it running
 

@@ -86,6 +86,9 @@ class LiveEngine:
         self.step_crash: Callable[[], str | None] = lambda: None
         self.on_crash: Callable[[str], None] = lambda reason: None
         self.halted = False  # the scheduler died or hangs: no step ever again
+        # Loop time of the last output a step delivered (the tokenizer's last_receive_tstamp,
+        # which /health reads).
+        self.last_output_at = float("-inf")
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -209,6 +212,8 @@ class LiveEngine:
             self._device.free_at = due
             outputs = self.engine.finish_step(step)
             self._work_since = due if self.engine.has_work else None
+        if outputs:
+            self.last_output_at = loop.time()
         for output in outputs:
             self._put(output)
         if self.engine.has_work:

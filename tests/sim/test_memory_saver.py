@@ -337,6 +337,21 @@ async def test_ready_is_503_while_paused_ping_200_and_health_503_after_20_second
         assert await codes() == (200, 200)
 
 
+async def test_health_of_a_busy_server_is_answered_by_its_running_requests():
+    """A busy scheduler skips the probe (scheduler.py:2240-2247): any output since the check
+    began makes /health 200, even when the probe itself could not run (cap 1, one running)."""
+    plain = dataclasses.replace(load_profiles()["plain"], max_running_requests=1)
+    options = SimOptions(speed=STREAM_SPEED, profiles={**load_profiles(), "plain": plain})
+    async with start_sim_pair(options) as pair, httpx.AsyncClient(timeout=5) as http:
+        url = pair.urls["plain"]
+        endless = {**LONG, "max_tokens": 20_000}  # far past the 20 s of the health check
+        async with http.stream("POST", url + "/v1/completions", json=endless) as response:
+            lines = response.aiter_lines()  # held: a collected iterator closes the stream
+            await first_chunks(lines, 1)
+            assert (await http.get(url + "/health")).status_code == 200
+            assert pair.servers["plain"].live.engine.num_waiting == 0  # no probe queued
+
+
 # --- the hard failures -----------------------------------------------------------------------
 
 
