@@ -241,6 +241,7 @@ def _run_schedule(args: argparse.Namespace) -> int:
             "meta": {"command": "mtp-gateway bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
                      "schedule": args.schedule, "workload": args.workload,
                      "hardware": HARDWARE[args.hardware].label, "turn_cost_s": args.turn_cost,
+                     "turns_crossover": _crossovers(targets, args, routing),
                      "routing": routing.model_dump(mode="json")},
             "results": [r.to_dict() for r in results]}, indent=2) + "\n", encoding="utf-8")
     return 0
