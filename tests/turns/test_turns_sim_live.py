@@ -59,13 +59,14 @@ class Overlap:
 
 
 @contextlib.asynccontextmanager
-async def turns_demo() -> AsyncIterator[tuple[SimPair, LiveGateway, Overlap]]:
+async def turns_demo(speed: float = 200, **turns: Any
+                     ) -> AsyncIterator[tuple[SimPair, LiveGateway, Overlap]]:
     """What `mtp-gateway demo --memory turns` runs, on port 0."""
-    async with start_sim_pair(SimOptions(speed=200, memory="turns")) as pair:
+    async with start_sim_pair(SimOptions(speed=speed, memory="turns")) as pair:
         overlap = Overlap(pair)
         settings = build_settings({
             "backends": {name: {"url": url} for name, url in pair.urls.items()},
-            "memory": "turns", "routing": ROUTING, "turns": TURNS,
+            "memory": "turns", "routing": ROUTING, "turns": {**TURNS, **turns},
             "monitor": {"interval_s": 0.05}, "log": {"access": False}})
         app = create_app(settings, registry=CollectorRegistry())
         async with serve_app(app) as url:
@@ -128,4 +129,58 @@ async def test_the_turns_demo_under_a_ramp_hands_the_memory_over_both_ways():
         assert turns and float(turns[0].rsplit(" ", 1)[1]) >= 2, turns
         for server in pair.servers.values():
             assert not server.saver.dead and not server.saver.hung, server.saver.state.view()
+        await wait_until(lambda: gateway.pool.concurrency == 0, timeout=5)
+
+
+@pytest.mark.timeout(60)
+async def test_a_resume_that_never_answers_leaves_the_pair_serving_on_mtp():
+    async with turns_demo(resume_timeout_s=1, call_timeout_s=1) as (pair, gateway, overlap):
+        await wait_until(lambda: memory_of(gateway).phase == "holding", timeout=10)
+        # something other than the gateway resumes plain while MTP holds: SGLang's resume
+        # without the memory never answers again (the simulator hangs it so)
+        async with httpx.AsyncClient(base_url=pair.urls["plain"]) as direct:
+            with pytest.raises(httpx.ReadTimeout):
+                await direct.post("/resume_memory_occupation", json={}, timeout=0.5)
+        assert pair.servers["plain"].saver.hung
+        oai = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
+        results = await asyncio.gather(*(openai_stream(oai) for _ in range(12)))  # wants plain
+        await wait_until(lambda: memory_of(gateway).failure is not None
+                         and memory_of(gateway).phase == "holding", timeout=15)
+        state = memory_of(gateway)
+        assert str(state.failure.step) == "resume(plain)" and state.failure.kind == "timeout"
+        assert state.holder == "mtp" and state.of("plain") == "hung"
+        assert results == ["whole"] * 12 and await openai_stream(oai) == "whole"
+        mtp = pair.servers["mtp"].saver
+        assert not mtp.dead and not mtp.hung and overlap.most == 1
+        await wait_until(lambda: gateway.pool.concurrency == 0, timeout=5)
+
+
+@pytest.mark.timeout(60)
+async def test_the_holder_dying_mid_turn_hands_the_memory_to_the_other():
+    async with turns_demo(speed=20) as (pair, gateway, overlap):
+        await wait_until(lambda: memory_of(gateway).phase == "holding", timeout=15)
+        oai = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
+
+        async def long_stream() -> str:
+            try:
+                stream = await oai.chat.completions.create(
+                    model=SERVED, stream=True, max_tokens=3000, extra_body={"ignore_eos": True},
+                    messages=[{"role": "user", "content": "go on"}])
+                async for _ in stream:
+                    pass
+            except openai.APIError as exc:  # the server died under it: an error, not a hang
+                return f"error {type(exc).__name__}"
+            return "whole"
+
+        long_ones = [asyncio.create_task(long_stream()) for _ in range(ROUTING["crossover"])]
+        await wait_until(lambda: str(memory_of(gateway).step) == "running_streams(mtp)",
+                         timeout=15)
+        pair.servers["mtp"].saver.die("killed by the test mid-turn")
+        ended = await asyncio.gather(*long_ones)
+        await wait_until(lambda: memory_of(gateway).phase == "holding"
+                         and memory_of(gateway).holder == "plain", timeout=15)
+        assert all(result.startswith("error") for result in ended), ended
+        assert await openai_stream(oai) == "whole"  # plain serves
+        assert memory_of(gateway).of("mtp") == "gone" and overlap.most == 1
+        assert not pair.servers["plain"].saver.dead and not pair.servers["plain"].saver.hung
         await wait_until(lambda: gateway.pool.concurrency == 0, timeout=5)
