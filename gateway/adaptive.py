@@ -28,7 +28,6 @@ plain from the crossover up, and at low load too where plain was measured clearl
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -231,8 +230,3 @@ class CrossoverEstimator:
     @property
     def accept_length(self) -> float | None:
         return self.accept.rate if self.accept.samples >= MIN_SAMPLES else None
-
-    def throughput(self, backend: str, load: int) -> float:
-        """The estimate at `load` (NaN when unknown), for /metrics and the dashboard."""
-        value = (self.mtp if backend == "mtp" else self.plain).aggregate(load)
-        return math.nan if value is None else value

@@ -5,6 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gateway.adaptive import (
+    ALONE_BELOW,
+    LEARNED_MARGIN,
+    MIN_SAMPLES,
+    MIN_TOKENS,
+    MTP_STEP_COST,
     Advice,
     CrossoverEstimator,
     ThroughputCurve,
@@ -337,3 +342,145 @@ def test_carried_over_a_rising_load_chat_at_28_running_goes_to_plain() -> None:
     gateway, plain = results["gateway"][1], results["plain-only"][1]
     assert gateway.concurrency == 28 and gateway.share.get("plain", 0) > 0.99
     assert gateway.aggregate_tps >= 0.95 * plain.aggregate_tps
+
+
+# --- the edges of each rule ---------------------------------------------------------------
+
+def measured(rates: dict[int, float], samples: int = MIN_SAMPLES) -> ThroughputCurve:
+    """A curve with `samples` streams at each load, each at that load's per-stream rate."""
+    curve = ThroughputCurve()
+    for load, rate in rates.items():
+        for _ in range(samples):
+            curve.add(load, rate)
+    return curve
+
+
+def estimator_of(mtp: dict[int, float], plain: dict[int, float]) -> CrossoverEstimator:
+    estimator = CrossoverEstimator(mtp=measured(mtp), plain=measured(plain))
+    estimator.samples = 1  # advise's memo is keyed by the count
+    return estimator
+
+
+def test_a_load_is_measured_from_min_samples_streams() -> None:
+    assert measured({4: 10.0}, MIN_SAMPLES).measured(4)
+    assert measured({4: 10.0}, MIN_SAMPLES).aggregate(4) == 40.0
+    assert not measured({4: 10.0}, MIN_SAMPLES - 1).measured(4)
+    assert measured({4: 10.0}, MIN_SAMPLES - 1).aggregate(4) is None
+
+
+def test_the_step_cost_between_and_beyond_its_points() -> None:
+    (b0, r0), (b1, r1) = MTP_STEP_COST[:2]
+    assert mtp_step_cost(0) == r0  # below the first point: flat
+    assert mtp_step_cost(b0) == r0
+    assert mtp_step_cost((b0 + b1) // 2) == pytest.approx(r0 + (r1 - r0) * ((b0 + b1) // 2 - b0) / (b1 - b0))
+    assert mtp_step_cost(b1) == pytest.approx(r1)
+    assert mtp_step_cost(MTP_STEP_COST[-1][0]) == pytest.approx(MTP_STEP_COST[-1][1])
+    assert mtp_step_cost(500) == MTP_STEP_COST[-1][1]  # beyond the last: flat
+
+
+def test_the_prior_calls_a_tie_for_plain() -> None:
+    """Plain is faster when its tokens per MTP step reach MTP's: equal counts as reached."""
+    accept = mtp_step_cost(1)  # alone, MTP's accepted tokens exactly pay for its dearer step
+    assert prior_faster(1, 24, 28, accept) == "plain"
+    assert prior_faster(1, 24, 28, accept * 1.01) == "mtp"
+    assert prior_faster(1, 24, 28, 0.0) is None
+
+
+@pytest.mark.parametrize(("tokens", "seconds", "running", "other", "sample"), [
+    (MIN_TOKENS, 1.0, 4, 0.0, True),
+    (MIN_TOKENS - 1, 1.0, 4, 0.0, False),
+    (100, 0.0, 4, 0.0, False),  # no decode time measured: no rate
+    (100, 1.0, 0.5, 0.0, True),
+    (100, 1.0, 0.49, 0.0, False),
+    (100, 1.0, 4, ALONE_BELOW - 0.01, True),
+    (100, 1.0, 4, ALONE_BELOW, False),
+])
+def test_which_streams_are_samples(tokens, seconds, running, other, sample: bool) -> None:
+    estimator = CrossoverEstimator()
+    estimator.observe("plain", tokens, seconds, running, other)
+    assert estimator.samples == (1 if sample else 0)
+    assert bool(estimator.plain.buckets) is sample and not estimator.mtp.buckets
+
+
+def test_the_accept_length_counts_streams_of_min_tokens_and_more() -> None:
+    estimator = CrossoverEstimator()
+    for _ in range(MIN_SAMPLES):
+        estimator.observe("mtp", MIN_TOKENS - 1, 1.0, 4, 0.0, chunks=5)
+    assert estimator.accept_length is None
+    for _ in range(MIN_SAMPLES):
+        estimator.observe("mtp", MIN_TOKENS, 1.0, 4, 9.0, chunks=8)  # shared the GPU: still counts
+    assert estimator.accept_length == MIN_TOKENS / 8
+    estimator.observe("plain", 100, 1.0, 4, 0.0, chunks=50)  # plain's chunks say nothing
+    assert estimator.accept_length == MIN_TOKENS / 8
+
+
+def test_the_margin_is_strict_both_ways() -> None:
+    even = 100.0 * (1 + LEARNED_MARGIN)
+    assert estimator_of({1: 100.0}, {1: even}).learned_faster(1, 24, 28) is None
+    assert estimator_of({1: even}, {1: 100.0}).learned_faster(1, 24, 28) is None
+    assert estimator_of({1: 100.0}, {1: even * 1.001}).learned_faster(1, 24, 28) == "plain"
+    assert estimator_of({1: even * 1.001}, {1: 100.0}).learned_faster(1, 24, 28) == "mtp"
+
+
+def test_beyond_its_cap_a_server_makes_what_it_makes_at_the_cap() -> None:
+    """Past its running cap the rest wait: plain measured up to its cap of 4 is compared at
+    6 by its rate at 4, against MTP (no cap known) at 6."""
+    estimator = estimator_of({4: 100.0, 6: 60.0}, {4: 100.0})
+    assert estimator.learned_faster(6, None, 4) == "plain"  # 400 against MTP's 360
+    assert estimator.learned_faster(6, None, None) is None  # plain not seen at 6
+    assert estimator.advise(1, 8, None, 4, None) == Advice(5, 0)
+    capped_mtp = estimator_of({4: 100.0, 6: 80.0}, {4: 100.0, 6: 75.0})
+    assert capped_mtp.learned_faster(6, 4, None) == "plain"  # 450 against MTP's 400 at its cap
+    assert capped_mtp.learned_faster(6, None, None) == "mtp"  # 480 against 450
+
+
+def test_low_loads_go_to_plain_where_measured_faster_each_server_at_most_at_its_cap() -> None:
+    # Per-stream rates: plain 10 % ahead at 1 and 2 running. At 3, MTP running 3 beats plain
+    # (360 against 330), but with MTP's cap of 2 it runs two (200): plain is faster up to 3.
+    mtp_ahead_at_3 = estimator_of({1: 100.0, 2: 100.0, 3: 120.0}, {1: 110.0, 2: 110.0, 3: 110.0})
+    assert mtp_ahead_at_3.advise(16, 40, 24, 28, None).plain_below == 2
+    assert mtp_ahead_at_3.advise(16, 40, 2, 28, None).plain_below == 3
+    # And the other way round: plain running 3 beats MTP (390 against 300), plain capped at 2
+    # does not (220).
+    plain_ahead_at_3 = estimator_of({1: 100.0, 2: 100.0, 3: 100.0}, {1: 110.0, 2: 110.0, 3: 130.0})
+    assert plain_ahead_at_3.advise(16, 40, 24, 28, None).plain_below == 3
+    assert plain_ahead_at_3.advise(16, 40, 24, 2, None).plain_below == 2
+
+
+def test_low_load_advice_stops_below_the_crossovers_low_bound() -> None:
+    plain_ahead = {n: 120.0 for n in range(1, 7)}
+    estimator = estimator_of({n: 100.0 for n in range(1, 7)}, plain_ahead)
+    assert estimator.advise(4, 40, 24, 28, None).plain_below == 3
+
+
+def test_low_load_advice_is_kept_whatever_the_crossover() -> None:
+    """Plain measured faster alone is advice even when the crossover cannot be told (no
+    prior: a cap unknown) or MTP is ahead up to both caps."""
+    alone = estimator_of({1: 100.0, 2: 100.0}, {1: 120.0, 2: 120.0})
+    assert alone.advise(16, 40, 24, None, None) == Advice(None, 2)
+    assert alone.advise(16, 40, 24, 28, 4.0) == Advice(40, 2)  # MTP far ahead by the prior
+
+
+def test_the_crossover_at_both_caps_is_still_found() -> None:
+    """MTP's cap 24, plain's 28: at accept 1.85 plain's 28 streams first overtake MTP's 24
+    at a load of 28 (in flight 27), the last load before neither server makes more."""
+    assert CrossoverEstimator().advise(16, 256, 24, 28, 1.85) == Advice(27, 0)
+
+
+def test_no_crossover_is_advised_beyond_the_upper_bound() -> None:
+    estimator = estimator_of({n: 100.0 for n in range(1, 41)}, {28: 200.0, 29: 200.0})
+    assert estimator.advise(16, 26, None, None, None) == Advice(None, 0)
+    assert estimator.advise(16, 27, None, None, None) == Advice(27, 0)
+
+
+def test_a_known_plain_cap_with_mtps_unknown_gives_no_prior() -> None:
+    assert CrossoverEstimator().advise(16, 40, None, 28, 2.0) == Advice(None, 0)
+
+
+def test_the_accept_length_counts_to_two_decimals() -> None:
+    """advise is asked on every request and remembers its answer until a sample or an
+    argument changes: MTP's accept length moves in the third decimal from stream to stream."""
+    cold = CrossoverEstimator()
+    for step in range(600):
+        accept = 1.5 + step * 0.000_7
+        assert cold.advise(16, 256, 24, 68, accept) == cold.advise(16, 256, 24, 68, round(accept, 2))

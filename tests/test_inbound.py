@@ -7,7 +7,15 @@ import json
 import pytest
 
 from gateway.errors import BadRequest, UnsupportedMediaType
-from gateway.inbound import RequestFields, parse_inbound, upstream_headers, with_rid
+from gateway.inbound import (
+    RequestFields,
+    bearer_token,
+    parse_fields,
+    parse_inbound,
+    parse_json_object,
+    upstream_headers,
+    with_rid,
+)
 
 JSON = [(b"content-type", b"application/json")]
 SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "thread-id")
@@ -165,3 +173,153 @@ def test_client_credentials_and_hop_headers_never_go_upstream() -> None:
 def test_request_ids_never_repeat_within_a_process() -> None:
     rids = [parse(b'{"messages": []}').rid for _ in range(2000)]
     assert len(set(rids)) == 2000 and all(rid and len(rid) == 32 for rid in rids)
+
+
+def test_headers_named_in_connection_describe_this_hop_only() -> None:
+    """RFC 9110 7.6.1: a header a client names in Connection is for the gateway, not SGLang."""
+    client = [(b"connection", b"X-Hop, Keep-Alive"), (b"x-hop", b"1"), (b"x-end", b"2")]
+    assert dict(upstream_headers(client, None)) == {b"x-end": b"2"}
+    assert dict(upstream_headers([(b"connection", b"close"), (b"x-end", b"2")], None)) == {
+        b"x-end": b"2"}
+
+
+def test_the_gateways_own_headers_replace_the_clients() -> None:
+    client = [*JSON, (b"x-override-rid", b"theirs")]
+    sent = upstream_headers(client, None, ((b"x-override-rid", b"ours"),))
+    assert [value for key, value in sent if key == b"x-override-rid"] == [b"ours"]
+
+
+@pytest.mark.parametrize(("headers", "token"), [
+    ([(b"authorization", b"Bearer k1")], "k1"),
+    ([(b"authorization", b"bearer  k1 ")], "k1"),
+    ([(b"authorization", b"BEARER k1"), (b"x-api-key", b"k2")], "k1"),
+    ([(b"authorization", b"Basic abc"), (b"x-api-key", b"k2")], "k2"),
+    ([(b"authorization", b"Bearer")], None),
+    ([(b"x-api-key", b"k2")], "k2"),
+    ([], None),
+])
+def test_the_clients_key_from_either_api(headers, token) -> None:
+    assert bearer_token(headers) == token
+
+
+@pytest.mark.parametrize(("body", "rid"), [
+    (b'{"rid": "", "messages": []}', None),  # SGLang makes its own: no id the gateway knows
+    (b'{"rid": 7, "messages": []}', None),
+    (b'{"rid": ["a", "b"], "messages": []}', None),
+])
+def test_a_client_rid_that_is_not_a_string_is_left_to_sglang(body: bytes, rid) -> None:
+    inbound = parse(body)
+    assert (inbound.rid, b"".join(inbound.body), inbound.abort_rids) == (rid, body, ())
+
+
+def test_a_body_with_leading_whitespace_gets_its_rid_inside_the_object() -> None:
+    body = b' \n{"messages": []}'
+    parts, rid = with_rid(body, parse_fields(body))
+    assert json.loads(b"".join(parts)) == {"rid": rid, "messages": []}
+    assert rid is not None and len(rid) == 32 and int(rid, 16) >= 0  # SGLang's own rid shape
+
+
+@pytest.mark.parametrize(("path", "body", "suffixes"), [
+    ("/v1/completions", b'{"prompt": [ "a", "b"]}', ["_0", "_1"]),  # whitespace in the list
+    ("/v1/completions", b'{"prompt": []}', [""]),
+    ("/v1/completions", b'{"prompt": "one", "n": 1}', [""]),
+    ("/v1/completions", b'{"prompt": "one", "n": "2"}', [""]),  # not a count SGLang takes
+    ("/generate", b'{"text": "a", "n": 1, "sampling_params": {"n": 2}}', [""]),
+    ("/generate", b'{"text": "a", "sampling_params": {"n": 1}}', [""]),
+    ("/generate", b'{"input_ids": [1, 2]}', [""]),
+])
+def test_abort_rids_at_the_edges(path: str, body: bytes, suffixes) -> None:
+    inbound = parse(body, path=path)
+    assert inbound.abort_rids == tuple(inbound.rid + suffix for suffix in suffixes)
+
+
+def test_no_previous_response_for_an_empty_or_odd_one() -> None:
+    for previous in (b'""', b"7", b"null"):
+        body = b'{"input": "hi", "previous_response_id": %s}' % previous
+        assert parse(body, path="/v1/responses").previous_response_id is None
+
+
+@pytest.mark.parametrize(("body", "model"), [
+    (b'{"messages": [], "model": null}', None), (b'{"messages": []}', None),
+    (b'{"messages": [], "model": "m"}', "m"),
+])
+def test_model_is_optional(body: bytes, model) -> None:
+    assert parse(body).model == model
+
+
+def test_only_chat_needs_messages_as_an_array() -> None:
+    assert parse(b'{"messages": "hi", "max_tokens": 5}', path="/v1/messages").rid
+    assert parse(b'{"text": "a"}', path="/generate").stream is False
+
+
+def test_the_first_session_header_that_is_set_wins() -> None:
+    headers = [*JSON, (b"x-session-id", b""), (b"thread-id", b"t-1"), (b"x-session-id", b"late")]
+    assert parse(b'{"messages": [], "user": "u"}', headers=headers).session == "t-1"
+    assert parse(b'{"messages": [], "user": ""}').session is None
+    assert parse(b'{"messages": [], "metadata": {"user_id": 7}}').session is None
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b"[1]", "request body must be a JSON object"),
+    (b'{"messages": ["\xff"]}', "request body is not valid UTF-8"),
+    (b'{"messages": "hi"}', "'messages' must be an array"),
+    (b'{"messages": [], "model": 7}', "'model' must be a string"),
+    (b'{"messages": [], "stream": "maybe"}', "'stream' must be a boolean"),
+    (b'{"messages": [], "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "request body is nested too deeply"),
+])
+def test_the_clients_error_messages_exactly(body: bytes, message: str) -> None:
+    with pytest.raises(BadRequest) as raised:
+        parse(body)
+    assert raised.value.message == message
+
+
+def test_the_pin_error_names_the_roles() -> None:
+    with pytest.raises(BadRequest) as raised:
+        parse(b'{"messages": []}', headers=[*JSON, (b"x-gateway-pin", b"gpu9")], allow_pin=True)
+    assert raised.value.message == "x-gateway-pin must be one of mtp, plain"
+
+
+@pytest.mark.parametrize("content_type", [
+    b"application/json; charset=utf-8; x=y", b"Application/JSON", b" application/json ;x=1"])
+def test_json_content_types_with_parameters(content_type: bytes) -> None:
+    assert parse(b'{"messages": []}', headers=[(b"content-type", content_type)]).stream is False
+
+
+@pytest.mark.parametrize("headers", [[], [(b"content-type", b"text/json")],
+                                     [(b"content-type", b"application/json-seq")]])
+def test_anything_else_is_415_with_its_message(headers) -> None:
+    with pytest.raises(UnsupportedMediaType) as raised:
+        parse(b'{"messages": []}', headers=headers)
+    assert raised.value.message == "Content-Type must be application/json"
+
+
+def test_an_admin_body_is_a_json_object() -> None:
+    assert parse_json_object(b'{"routing": {"crossover": 20}}') == {"routing": {"crossover": 20}}
+    with pytest.raises(BadRequest) as raised:
+        parse_json_object(b"[1]")
+    assert raised.value.message == "request body must be a JSON object"
+    for bad, message in ((b"[1]", "must be a JSON object"), (b'"x"', "must be a JSON object"),
+                         (b"{", "not valid JSON"), (b'{"a": "\xff"}', "not valid UTF-8")):
+        with pytest.raises(BadRequest, match=message):
+            parse_json_object(bad)
+
+
+def test_sampling_params_without_n_are_one_sample() -> None:
+    inbound = parse(b'{"text": "a", "sampling_params": {"temperature": 0}}', path="/generate")
+    assert inbound.abort_rids == (inbound.rid,)
+
+
+def test_what_a_parsed_request_says_about_itself() -> None:
+    chat = parse(b'{"messages": []}')
+    assert (chat.path, chat.api, chat.headers) == ("/v1/chat/completions", "openai", ())
+    embeddings = parse(b'{"input": "x"}', path="/v1/embeddings")
+    assert (embeddings.api, embeddings.headers) == ("openai", ())
+    assert dict(upstream_headers(JSON, None, embeddings.headers)) == dict(JSON)
+    messages = parse(b'{"messages": [], "max_tokens": 5}', path="/v1/messages")
+    assert (messages.path, messages.api) == ("/v1/messages", "anthropic")
+    assert parse(b'{"input": "x"}', path="/v1/responses").api == "responses"
+
+
+def test_a_header_value_never_drops_another_header() -> None:
+    client = [(b"x-session-id", b"x-title"), (b"x-title", b"t")]
+    assert dict(upstream_headers(client, None)) == {b"x-session-id": b"x-title", b"x-title": b"t"}

@@ -7,6 +7,7 @@ import pytest
 from gateway.config import Routing
 from gateway.policy import (
     BackendView,
+    Decision,
     Moves,
     RequestFacts,
     Snapshot,
@@ -162,3 +163,105 @@ def moving(mode: str, mtp: int, not_started: int, *, plain_up: bool = True) -> S
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_plan_moves(name, snapshot, flipped, routing, expected) -> None:
     assert plan_moves(snapshot, routing, flipped=flipped) == expected
+
+
+# --- edges the table above does not reach ---------------------------------------------------
+
+def test_moves_are_true_when_anything_moves() -> None:
+    assert not Moves()
+    assert Moves(not_started=1) and Moves(running=1)
+
+
+def test_a_decision_with_no_backend_keeps_the_mode_and_its_start() -> None:
+    decision = decide(snap("plain", 3.0, 0, 30, mtp_up=False, plain_up=False), RequestFacts(),
+                      ROUTING, 10)
+    assert decision == Decision(None, "no_backend", "plain", 3.0)
+
+
+def test_plain_returns_to_mtp_exactly_when_the_dwell_has_passed() -> None:
+    assert decide(snap("plain", 5.0, 0, 2), RequestFacts(), ROUTING, 10.0).mode == "mtp"
+    assert decide(snap("plain", 5.0, 0, 2), RequestFacts(), ROUTING, 9.99).mode == "plain"
+
+
+@pytest.mark.parametrize(("name", "snapshot", "held", "backend", "reason"), [
+    # The band is open at both ends: at crossover - hysteresis the session follows the mode
+    # back to mtp, at the crossover it follows the mode to plain.
+    ("at the band's low end", snap("plain", 0, 0, 18), "plain", "mtp", "below_crossover"),
+    ("at the crossover", snap("mtp", 0, 24, 0, cap=None), "mtp", "plain", "above_crossover"),
+    ("just inside the band", snap("plain", 0, 0, 19), "mtp", "mtp", "session_affinity"),
+    ("just below the crossover", snap("mtp", 0, 0, 23), "plain", "plain", "session_affinity"),
+], ids=lambda v: v if isinstance(v, str) and " " in v else "")
+def test_session_affinity_holds_only_strictly_inside_the_band(name, snapshot, held, backend,
+                                                               reason) -> None:
+    decision = decide(snapshot, RequestFacts(session_backend=held), ROUTING, 10)
+    assert (decision.backend, decision.reason) == (backend, reason)
+
+
+def test_low_load_band_needs_plain_busy_and_mtp_idle() -> None:
+    """Above `plain_below`, plain keeps one more request only while it is the only server
+    busy: both busy, or neither (sessions idle between turns, nothing in flight), is mtp's."""
+    both_busy = snap(mtp=1, plain=1, plain_below=2)
+    assert decide(both_busy, RequestFacts(), ROUTING, 10).reason == "below_crossover"
+    idle = Snapshot("mtp", 0.0, snap(mtp=0, plain=0).backends, plain_below=2, sessions_at_work=2)
+    assert decide(idle, RequestFacts(), ROUTING, 10).reason == "below_crossover"
+
+
+def test_static_policies_are_not_capacity_guarded() -> None:
+    routing = Routing(policy="mtp-only", capacity_guard=True)
+    decision = decide(snap(mtp=8, cap=8), RequestFacts(), routing, 10)
+    assert (decision.backend, decision.reason) == ("mtp", "static_policy")
+
+
+@pytest.mark.parametrize(("learned", "expected"), [(5, 16), (16, 16), (40, 40), (256, 256), (300, 256)])
+def test_a_learned_crossover_is_held_inside_its_bounds(learned: int, expected: int) -> None:
+    routing = Routing(crossover=31, crossover_bounds=(16, 256), hysteresis=6)
+    assert effective_crossover(routing, 1.0, learned) == expected
+
+
+def test_a_scaled_crossover_is_at_least_one() -> None:
+    routing = Routing(crossover=1, hysteresis=0, reference_accept_length=2.0)
+    assert effective_crossover(routing, 1.0) == 1
+
+
+def test_decide_follows_the_learned_crossover() -> None:
+    at_20 = snap(mtp=20, cap=None)
+    assert decide(at_20, RequestFacts(), ROUTING, 10).backend == "mtp"
+    learned = Snapshot("mtp", 0.0, at_20.backends, learned_crossover=18)
+    assert decide(learned, RequestFacts(), ROUTING, 10).reason == "above_crossover"
+
+
+SESSIONS = Routing(load_signal="sessions", session_crossover=22, crossover=31, hysteresis=6)
+
+
+def sessions_snap(mtp: int, plain: int, at_work: int | None, with_session: int,
+                  mtp_reported: int | None = None) -> Snapshot:
+    backends = snap(mtp=mtp, plain=plain, mtp_reported=mtp_reported).backends
+    return Snapshot("mtp", 0.0, backends, sessions_at_work=at_work, session_requests=with_session)
+
+
+@pytest.mark.parametrize(("name", "snapshot", "routing", "load"), [
+    ("sessions, plus each request without one", sessions_snap(10, 2, 3, 10), SESSIONS, (5, 22, 6)),
+    ("more session requests than in flight count none extra", sessions_snap(1, 1, 3, 5), SESSIONS,
+     (3, 22, 6)),
+    ("no session at work: requests", sessions_snap(10, 2, 0, 0), SESSIONS, (12, 31, 6)),
+    ("sessions unknown: requests", sessions_snap(10, 2, None, 0), SESSIONS, (12, 31, 6)),
+    ("the requests signal", sessions_snap(10, 2, 3, 10),
+     Routing(load_signal="requests", crossover=31, hysteresis=6), (12, 31, 6)),
+    ("another replica's traffic: requests", sessions_snap(4, 2, 3, 6, mtp_reported=9), SESSIONS,
+     (11, 31, 6)),
+    ("a fresh reading equal to ours is no bypass", sessions_snap(4, 2, 3, 6, mtp_reported=4),
+     SESSIONS, (3, 22, 6)),
+], ids=lambda v: v if isinstance(v, str) and " " in v else "")
+def test_the_load_against_the_crossover(name, snapshot, routing, load) -> None:
+    assert snapshot.against_crossover(routing, routing.crossover) == load
+
+
+def test_a_sticky_session_stays_even_where_moving_would_pay() -> None:
+    """Above the crossover with MTP idle, `move_pays` would move a session held on MTP to
+    plain (staying wakes an idle server); `sticky` keeps it where its prefix is."""
+    above = snap("plain", 0, 0, 30, cap=None)
+    held = RequestFacts(session_backend="mtp", prompt_tokens=100)
+    sticky = Routing(crossover=24, hysteresis=6, session_placement="sticky")
+    moving = Routing(crossover=24, hysteresis=6, session_placement="move_pays")
+    assert decide(above, held, sticky, 10).backend == "mtp"
+    assert decide(above, held, moving, 10).backend == "plain"

@@ -255,3 +255,128 @@ def test_replicas_see_each_others_load_and_switch_on_it():
     assert [admit(b, 1.2).backend.name for _ in range(4)] == ["mtp"] * 3 + ["plain"]
     assert b.pairs["p0"].mode == "plain"
     assert [admit(a, 1.3).backend.name for _ in range(3)] == ["mtp"] * 3  # a alone sees 21..23
+
+
+# --- the edges of placing and counting ---------------------------------------------------------
+
+SESSIONS = Routing(crossover=24, hysteresis=6, load_signal="sessions", session_idle_s=6.0)
+
+
+def sessions_at_work(p: Pool, now: float) -> tuple[int | None, int]:
+    snapshot = p.snapshot(p.pairs["p0"], now)
+    return snapshot.sessions_at_work, snapshot.session_requests
+
+
+def test_a_session_back_within_session_idle_s_counts_once():
+    p = pool(routing=SESSIONS)
+    admit(p, 1.0, session="a").end(Outcome.SUCCESS, 2.0)
+    lease = admit(p, 3.0, session="a")  # its next turn, 1 s later
+    assert sessions_at_work(p, 3.0) == (1, 1)
+    lease.end(Outcome.SUCCESS, 4.0)
+    assert sessions_at_work(p, 10.0) == (1, 0)  # idle exactly session_idle_s: still at work
+    assert sessions_at_work(p, 10.01) == (0, 0)
+
+
+def test_a_session_with_two_requests_in_flight_is_idle_only_after_both():
+    p = pool(routing=SESSIONS)
+    first, second = admit(p, 1.0, session="a"), admit(p, 1.0, session="a")
+    first.end(Outcome.SUCCESS, 2.0)
+    assert sessions_at_work(p, 20.0) == (1, 1)  # still in flight: never idle
+    second.end(Outcome.SUCCESS, 21.0)
+    assert sessions_at_work(p, 27.0) == (1, 0) and sessions_at_work(p, 27.5) == (0, 0)
+
+
+def test_requests_without_a_session_are_not_sessions():
+    p = pool(routing=SESSIONS)
+    lease = admit(p, 1.0)
+    assert sessions_at_work(p, 1.0) == (0, 0)
+    lease.end(Outcome.SUCCESS, 2.0)
+    assert sessions_at_work(p, 2.0) == (0, 0)
+
+
+def test_sessions_are_not_counted_under_the_requests_signal():
+    p = pool()  # load_signal: requests
+    admit(p, 1.0, session="a")
+    assert sessions_at_work(p, 1.0) == (None, 1)
+
+
+def test_place_honours_a_client_pin():
+    p = pool()
+    lease = admit(p, 1.0, pin="plain")
+    assert (lease.backend.name, lease.reason) == ("plain", "pinned")
+    placement = p.place(Ask(pin="plain"), 1.0)
+    assert placement.backend is p.backends["plain"] and placement.decision.reason == "pinned"
+
+
+def test_a_holder_serves_what_it_stores_while_it_accepts():
+    p = pool(failures_to_open=1)
+    assert admit(p, 1.0, holder="plain").backend.name == "plain"
+    assert p.place(Ask(holder="plain"), 1.0, exclude=["plain"]).backend is p.backends["mtp"]
+    p.backends["plain"].up = False
+    assert p.place(Ask(holder="plain"), 1.0).backend is p.backends["mtp"]
+    assert p.place(Ask(holder="nowhere"), 1.0).backend is p.backends["mtp"]
+
+
+def test_a_session_is_remembered_where_its_request_ended():
+    p = pool()
+    lease = admit(p, 1.0, session="a")
+    lease.retry_elsewhere(CONNECT, 1.0)
+    lease.end(Outcome.SUCCESS, 2.0)
+    assert p.sessions.get("a") == "plain"
+    assert p.sessions.get(None) is None and p.sessions.get("b") is None
+
+
+def test_session_memory_forgets_the_least_recently_used():
+    p = pool(max_sessions=2)
+    for name in ("a", "b"):
+        admit(p, 1.0, session=name).end(Outcome.SUCCESS, 1.0)
+    p.sessions.get("a")  # a used again: b is the oldest
+    admit(p, 1.0, session="c").end(Outcome.SUCCESS, 1.0)
+    assert (p.sessions.get("a"), p.sessions.get("b"), p.sessions.get("c")) == ("mtp", None, "mtp")
+    assert len(p.sessions) == 2
+    none = pool(max_sessions=0)
+    admit(none, 1.0, session="a").end(Outcome.SUCCESS, 1.0)
+    assert len(none.sessions) == 0
+
+
+def test_no_backend_leaves_the_mode_as_it_was():
+    p = pool(2)
+    for backend in p.backends.values():
+        backend.up = False
+    placement = p.admit(Ask(), 5.0)
+    assert not isinstance(placement, Lease) and placement.backend is None
+    assert (placement.decision.reason, placement.decision.mode) == ("no_backend", "mtp")
+    assert placement.pair_choice.pair is None and total_inflight(p) == 0
+
+
+def test_an_excluded_or_refusing_server_is_unhealthy_in_the_view():
+    p = pool()
+    mtp = p.backends["mtp"]
+    assert p.view(mtp, 1.0).healthy and not p.view(mtp, 1.0, exclude=["mtp"]).healthy
+    mtp.record_loads(running=9, waiting=0, now=1.0)
+    assert p.view(mtp, 1.0).reported_load is None  # use_backend_loads is off
+    with_loads = pool(use_backend_loads=True, loads_max_age_s=2.0)
+    own = with_loads.backends["mtp"]
+    own.record_loads(running=9, waiting=1, now=1.0)
+    assert with_loads.view(own, 3.0).reported_load == 10
+    assert with_loads.view(own, 3.5).reported_load is None
+
+
+def test_a_pool_needs_pairs_with_distinct_names():
+    spec = PairSpec("a", Backend(url="http://m"), Backend(url="http://p"), ROUTING)
+    for pairs in ([], [spec, spec]):
+        with pytest.raises(ValueError, match="distinct names"):
+            Pool(pairs, now=0.0)
+
+
+def test_a_new_routing_section_reaches_every_pair_and_the_session_memory():
+    from gateway.config import build_settings
+
+    p = pool(2)
+    settings = build_settings({"pairs": [
+        {"name": f"p{k}", "mtp": {"url": f"http://mtp{k}"}, "plain": {"url": f"http://plain{k}"},
+         "routing": {"crossover": 40 + k}} for k in range(2)],
+        "routing": {"max_sessions": 5, "pair_affinity_slack": 3}})
+    p.apply_routing(settings)
+    assert [pair.routing.crossover for pair in p.pairs.values()] == [40, 41]
+    assert (p.sessions.capacity, p.affinity_slack) == (5, 3)
