@@ -246,3 +246,31 @@ async def test_a_replica_whose_controller_is_gone_follows_the_servers_readiness(
             async with httpx.AsyncClient(base_url=replica_url, timeout=20) as client:
                 assert await stream(client) == "whole"
         assert servers["mtp"].calls == servers["plain"].calls == []  # a follower never calls
+
+
+@pytest.mark.timeout(40)
+async def test_arrivals_past_the_waiting_rooms_bounds_get_a_503_in_their_apis_shape():
+    async with fake_pair("mtp") as (device, servers, urls), \
+            gateway(urls, wait_max_requests=1, wait_max_s=1, release_timeout_s=30) as (runtime, url):
+        await holding(runtime, "mtp")
+        servers["mtp"].faults["release"] = "hang"  # a long turn
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            burst = asyncio.gather(*(stream(client) for _ in range(4)))
+            await wait_until(lambda: str(driver(runtime).state.step) == "release(mtp)", timeout=10)
+            body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+            waited = asyncio.create_task(client.post("/v1/messages", json=body))
+            await wait_until(lambda: runtime.turns.waiting.waiting == 1, timeout=5)
+            full = await client.post("/v1/messages", json=body)  # the room holds one
+            late = await waited  # waited turns.wait_max_s
+            metrics = (await client.get("/metrics")).text
+            servers["mtp"].hang.set()
+            assert await burst == ["whole"] * 4
+            await holding(runtime, "plain")
+        for answer, why in ((full, "1 requests already wait"), (late, "waited 1 s")):
+            assert answer.status_code == 503 and answer.headers["retry-after"] == "2"
+            error = answer.json()
+            assert error["type"] == "error", error  # Anthropic's envelope
+            assert error["error"]["type"] == "overloaded_error", error
+            assert why in error["error"]["message"], error
+        assert metric(metrics, "gateway_rejected_total", reason="memory_turn") == 2
+        assert runtime.pool.concurrency == 0 and device.deaths == []
