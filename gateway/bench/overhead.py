@@ -96,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateway-config", metavar="JSON", default=None,
                         help="experiment: top-level sections replacing the gateway config's, e.g. "
                              "'{\"log\": {\"access\": false}}' (the report's command says so)")
+    parser.add_argument("--bare-relay", action="store_true",
+                        help="a fourth column: the floor of a Python relay on uvloop (no gateway "
+                             "logic; gateway/bench/overhead_bare_relay.py), pinned like the gateway")
     parser.add_argument("--no-router", action="store_true",
                         help="skip the sglang-router column (it runs when sglang_router is installed)")
     parser.add_argument("--profile", metavar="DIR", default=None,
@@ -194,6 +197,8 @@ class Harness:
         self.router: subprocess.Popen[Any] | None = None
         self.router_port = 0
         self.router_error: str | None = None  # why there is no router column, when there is none
+        self.bare: subprocess.Popen[str] | None = None
+        self.bare_port = 0
 
     def start(self) -> None:
         env = _clean_env()
@@ -250,6 +255,14 @@ class Harness:
             self.router_error = "not asked for (--no-router or --gateway-only)"
         else:
             self.router_error = self._start_router(upstream_url, env)
+
+        if getattr(self.args, "bare_relay", False) and not counting:
+            self.bare = subprocess.Popen(
+                [sys.executable, "-m", "gateway.bench.overhead_bare_relay", "--upstream-port",
+                 str(self.upstream_port)], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=env,
+                preexec_fn=_preexec(self.gw_cpus))
+            self.procs.append(self.bare)
+            self.bare_port = int(self._ready_line(self.bare, "bare relay").split()[1])
 
         self.loadgen = subprocess.Popen(
             [sys.executable, "-m", "gateway.bench.overhead_client"],
@@ -335,6 +348,9 @@ class Harness:
         if name == "router":
             assert self.router is not None
             return self.router_port, self.router.pid
+        if name == "bare":
+            assert self.bare is not None
+            return self.bare_port, self.bare.pid
         return self.upstream_port, self.upstream.pid
 
     def gateway_stack(self) -> dict[str, bool]:
@@ -540,6 +556,8 @@ def run_matrix(args: argparse.Namespace, h: Harness) -> tuple[list[dict[str, Any
     targets = ["gateway"] if args.gateway_only else ["direct", "gateway"]
     if h.router is not None:
         targets.append("router")
+    if h.bare is not None:
+        targets.append("bare")
     runs: list[dict[str, Any]] = []
     conns = {"new_connections": 0, "requests": 0}
     total = args.repeats * len(points) * len(targets)
@@ -586,6 +604,8 @@ def run_sequential(args: argparse.Namespace, h: Harness, body_bytes: int, reques
 
 
 def run(args: argparse.Namespace) -> int:
+    # A SIGTERM (timeout, CI) unwinds like an error: the harness stops what it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.callgrind or args.cprofile:
         return overhead_callgrind.run(args, harness, machine_info, command_line)
     if args.quick:

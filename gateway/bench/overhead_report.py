@@ -75,6 +75,11 @@ def aggregate_point(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                           for d, g in pairs("gateway")]),
         },
     }
+    bare = side("bare")
+    if bare:  # the floor of a Python relay (--bare-relay)
+        out["bare"] = {k: median([r.get(k) for r in bare]) for k in KEYS}
+        out["bare_added"] = _added(pairs("bare"))
+        out["errors"]["bare"] = sum(r["errors"] for r in bare)
     router = side("router")
     if router:
         out["router"] = {k: median([r.get(k) for r in router]) for k in KEYS}
@@ -226,16 +231,23 @@ def _router_table(report: dict[str, Any]) -> list[str]:
                  key=lambda p: (p["max_tokens"], p["concurrency"]))
     if not pts:
         return []
+    bare = any("bare" in p for p in pts)
     lines = ["## Gateway / sglang-router (same run, same load)", "",
              "| C x max_tokens | CPU-ms per 1k chunks: gateway / router "
-             "| added TTFT p50 ms: gateway / router | added TTFT p99 ms: gateway / router "
+             + ("| bare Python relay CPU-ms per 1k chunks / router " if bare else "")
+             + "| added TTFT p50 ms: gateway / router | added TTFT p99 ms: gateway / router "
              "| chunks/s: gateway / router |",
-             "|---|---:|---:|---:|---:|"]
+             "|---|---:|" + ("---:|" if bare else "") + "---:|---:|---:|"]
     for p in pts:
         g, r, ga, ra, v = p["gateway"], p["router"], p["added"], p["router_added"], p["vs_router"]
+        floor = ""
+        if bare:
+            b = (p.get("bare") or {}).get("watched_cpu_ms_per_1k_chunks")
+            rc = r["watched_cpu_ms_per_1k_chunks"]
+            floor = f"{_f(b)} ({_f(b / rc if b and rc else None, 2)}x) | "
         lines.append(
             f"| {p['concurrency']} x {p['max_tokens']} | {_f(g['watched_cpu_ms_per_1k_chunks'])} / "
-            f"{_f(r['watched_cpu_ms_per_1k_chunks'])} ({_f(v['cpu_per_chunk'], 2)}x) | "
+            f"{_f(r['watched_cpu_ms_per_1k_chunks'])} ({_f(v['cpu_per_chunk'], 2)}x) | {floor}"
             f"{_f(ga['ttft_p50_ms'], 2, True)} / {_f(ra['ttft_p50_ms'], 2, True)} | "
             f"{_f(ga['ttft_p99_ms'], 2, True)} / {_f(ra['ttft_p99_ms'], 2, True)} | "
             f"{_f(g['chunks_per_s'], 0)} / {_f(r['chunks_per_s'], 0)} ({_f(v['chunks_per_s'], 3)}x) |")
@@ -320,7 +332,8 @@ def markdown(report: dict[str, Any]) -> str:
             + " / ".join(_f(p["direct"]["chunks_per_s"], 0) for p in pts)
             + " | - | - | - | - | " + " / ".join(str(p["errors"]["direct"]) for p in pts) + " |",
         ]
-        for name, side, added in (("gateway", "gateway", "added"), ("router", "router", "router_added")):
+        for name, side, added in (("gateway", "gateway", "added"), ("router", "router", "router_added"),
+                                  ("bare relay", "bare", "bare_added")):
             for p in pts:
                 if side not in p:
                     continue
