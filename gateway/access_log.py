@@ -10,13 +10,15 @@ access = logging.getLogger("mtp_gateway.access")
 
 def log_access(path: str, backend: str | None, reason: str | None, status: int,
                ttft: float | None, started: float, ended: str,
-               tokens: tuple[int, int] | None, moved_from: str | None = None) -> None:
+               tokens: tuple[int, int] | None, moved_from: str | None = None,
+               continued_from: str | None = None) -> None:
     """One line per request, logfmt: what an operator greps for when a client complains."""
     if not access.isEnabledFor(logging.INFO):
         return
     access.info(
         "path=%s backend=%s reason=%s status=%d ttft_ms=%s duration_ms=%.1f prompt_tokens=%s "
-        "completion_tokens=%s ended=%s moved_from=%s", path, backend or "-", reason or "-",
+        "completion_tokens=%s ended=%s moved_from=%s continued_from=%s", path, backend or "-", reason or "-",
         status, "-" if ttft is None else f"{ttft * 1000:.1f}",
         (time.monotonic() - started) * 1000, "-" if tokens is None else tokens[0],
-        "-" if tokens is None else tokens[1], ended, moved_from or "-")
+        "-" if tokens is None else tokens[1], ended, moved_from or "-",
+        continued_from or "-")

@@ -39,19 +39,9 @@ def _load(args: argparse.Namespace) -> tuple[Settings, Path | None]:
 log = logging.getLogger("mtp_gateway")
 
 
-def warn_bench_only(settings: Settings) -> None:
-    """Say at start what the configuration asks for and the relay cannot do."""
-    pairs = [p.name for p in settings.fleet() if settings.routing_for(p).handoff_running]
-    if pairs:
-        log.warning("routing.handoff_running is true (pairs: %s), but only the virtual-time "
-                    "bench hands running streams to plain: the relay cannot continue a stream "
-                    "yet, so running streams stay where they are", ", ".join(pairs))
-
-
 async def serve(settings: Settings, config_path: Path | None, log_level: str) -> None:
     from gateway.app import create_app
 
-    warn_bench_only(settings)
     app = create_app(settings, config_path=config_path)
     await GatewayServer(uvicorn_config(app, settings, log_level)).serve()
 

@@ -137,6 +137,13 @@ class Pair(_Frozen):
         return routing
 
 
+class Handoff(_Frozen):
+    """Continuing a running stream on another server (gateway.handoff), per use."""
+
+    on_failure: bool = True  # its server failed it after the first byte (once per stream)
+    at_turn: bool = True  # a pair's turn hands the memory over (Handover.hand_off)
+
+
 class Timeouts(_Frozen):
     connect_s: float = Field(5.0, gt=0)
     first_byte_s: float = Field(600.0, gt=0)
@@ -215,6 +222,7 @@ class Settings(BaseSettings):
     pairs: tuple[Pair, ...] = ()
     routing: Routing = Routing()
     timeouts: Timeouts = Timeouts()
+    handoff: Handoff = Handoff()
     limits: Limits = Limits()
     auth: Auth = Auth()
     monitor: Monitor = Monitor()

@@ -23,6 +23,7 @@ from gateway.errors import (
 from gateway.exchange import Exchange, failure_of
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Failure, Outcome
+from gateway.pump import last_events
 from gateway.streams import ending, ends_in_error
 from gateway.upstream import UpstreamResponse
 from gateway.watchdog import CLIENT_GONE
@@ -83,7 +84,7 @@ class Endings:
         self.count_usage(exchange)
         if exchange.refused:  # its refusal passed on as it was sent: the failure is set
             exchange.settle(Outcome.BACKEND_FAILURE, "backend_error")
-        elif ends_in_error(exchange.inbound.api, b"".join(exchange.recent)):
+        elif ends_in_error(exchange.inbound.api, last_events(exchange)):
             exchange.settle(Outcome.BACKEND_FAILURE, "backend_error",
                             Failure(UpstreamStreamError.kind))
         else:
@@ -127,7 +128,7 @@ class Endings:
                              api=inbound.api)
             return
         if inbound.stream:
-            recent = b"".join(exchange.recent)
+            recent = last_events(exchange)
             body = ending(inbound.api, exc, recent, response_id=inbound.rid, model=inbound.model)
             await send({"type": "http.response.body", "body": body, "more_body": False})
         else:
@@ -136,7 +137,7 @@ class Endings:
     def count_usage(self, exchange: Exchange) -> None:
         """The usage the backend reported, in its last events: for the access log, the
         token counters and the learned crossover's speed sample."""
-        match = _USAGE.search(b"".join(exchange.recent))
+        match = _USAGE.search(last_events(exchange))
         if match:
             backend = exchange.lease.backend.name
             prompt, completion = int(match.group(1)), int(match.group(2))

@@ -125,6 +125,12 @@ class UpstreamBroken(UpstreamError):
     code, kind = "upstream_stream_broken", "broken_stream"
 
 
+class HandedOff(UpstreamError):
+    """A running stream taken off its server by a hand-off (no failure of the server's)."""
+
+    code, kind = "handed_off", "handed_off"
+
+
 class UpstreamStatus(UpstreamError):
     """The backend answered 5xx: OpenAI-shaped, keeping the backend's status."""
 

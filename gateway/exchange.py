@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from gateway.backends import BackendState
 from gateway.errors import UpstreamError, UpstreamRefused, UpstreamStatus
 from gateway.inbound import Headers, Inbound
 from gateway.pool import Failure, Lease, Outcome
@@ -30,6 +31,16 @@ class Waiting:
 
 
 @dataclass(eq=False)
+class Handing:
+    """A hand-off of a running stream to `target`: `done` says how it went ("continued",
+    "failed", or "finished": it ended on its own first)."""
+
+    target: BackendState
+    cause: str
+    done: asyncio.Future[str]
+
+
+@dataclass(eq=False)
 class Exchange:
     """One request: the facts, the lease, what has been sent, and how it ended."""
 
@@ -43,10 +54,15 @@ class Exchange:
     first_byte_at: float | None = None
     upstream: UpstreamResponse | None = None  # the current attempt's response
     framer: EventFramer = field(default_factory=EventFramer)  # whole events out, one per attempt
-    recent: list[bytes] = field(default_factory=list)  # the last events sent (pump.RECENT_CHUNKS)
+    # The events sent, all of them: the last few say how it ended (pump.RECENT_CHUNKS), the
+    # whole is the transcript of a continuation (gateway.handoff).
+    recent: list[bytes] = field(default_factory=list)
     waiting: Waiting | None = None  # while a stream waits for its first event
     refused: bool = False  # the stream relayed is the backend's own refusal
     tokens: tuple[int, int] | None = None  # prompt and completion tokens, when usage was seen
+    handing: Handing | None = None  # a hand-off asked for, until the stream is continued
+    continued_from: str | None = None  # the server a continuation took it off (the last)
+    stream_error: UpstreamError | None = None  # its server's own error event, not relayed
     # How it ended, written by settle() only:
     outcome: Outcome | None = None  # for the lease (None: a bug, judged the gateway's)
     failure: Failure | None = None  # the last attempt's failure, with BACKEND_FAILURE

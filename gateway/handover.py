@@ -7,22 +7,48 @@ cancelled, the backend told to abort, and the lease moved; the request's task op
 stream again on the new server when it wakes (gateway.attempts). The pool plans how many
 (policy.plan_moves); which ones is `gateway.moves.choose_moves`.
 
-A running stream's continuation on the other server (the hand-off) belongs here too."""
+A running stream continues on another server from what its client has (the hand-off,
+gateway.handoff for the I/O, gateway.continuation for the rules): when its server fails it
+after the first byte (`relay_stream`, once per stream, the failure still counted against that
+server), at a pair's flip with `handoff_running`, and at a turn (`hand_off`, called by the
+turns controller)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.aborts import Aborts
+from gateway.asgi import Send
 from gateway.backends import BackendState
+from gateway.client_io import ClientWriter
+from gateway.config import Settings
 from gateway.endings import MEMORY_TURN
-from gateway.exchange import Exchange, Waiting
+from gateway.errors import HandedOff, UpstreamBroken, UpstreamError, UpstreamTimeout
+from gateway.exchange import Exchange, Handing, Waiting, failure_of
+from gateway.handoff import FAILURE, FLIP, TURN, Plan, Uncontinuable, open_continuation, plan
 from gateway.metrics import GatewayMetrics
 from gateway.moves import choose_moves
 from gateway.pool import Pool
+from gateway.pump import pump
 from gateway.upstream import UpstreamResponse
+
+log = logging.getLogger("mtp_gateway.relay")
+IDLE = "timeout_idle"  # the watchdog's reason for a silent backend
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """How a hand-off of one server's running streams went."""
+
+    continued: int = 0  # re-opened on the target (its continuation's first event in)
+    staying: dict[str, int] = field(default_factory=dict)  # not continued, by reason: they run on
+    failed: int = 0  # the continuation could not be opened: ended with their API's error
+    finished: int = 0  # ended on their own before the hand-off took them
 
 
 class Handover:
@@ -34,6 +60,134 @@ class Handover:
         # planned move at a pair's flip can take.
         self.unstarted: dict[BackendState, dict[Exchange, None]] = {}
         self.exchanges: set[Exchange] = set()  # every request relayed now (a turn ends some)
+        # Streams relaying their events, per backend: what a hand-off can take.
+        self.running: dict[BackendState, dict[Exchange, None]] = {}
+        self.settings: Settings | None = None  # the latest a stream ran under (hand_off's)
+
+    async def relay_stream(self, exchange: Exchange, send: Send, response: UpstreamResponse,
+                           first: bytes, writer: ClientWriter | None, settings: Settings) -> None:
+        """Relay a committed stream to its end; continued on another server when its server
+        fails it after the first byte (once), or when a hand-off takes it."""
+        self.settings = settings
+        failures = 0
+        while True:
+            backend = exchange.lease.backend
+            self.running.setdefault(backend, {})[exchange] = None
+            failure: UpstreamError | None = None
+            handed_off = False
+            try:
+                await pump(exchange, send, response, first, writer, self.metrics,
+                           stop_at_error=settings.handoff.on_failure and not failures
+                           and not exchange.refused)  # a refusal goes out as it was sent
+                if exchange.stream_error is not None:
+                    raise exchange.stream_error
+                if exchange.framer.holding:
+                    raise UpstreamBroken(f"backend '{backend.name}' ended the stream in the "
+                                         "middle of an event")
+            except HandedOff:
+                handed_off = True
+            except UpstreamError as exc:
+                failure = exc
+            except asyncio.CancelledError:
+                if exchange.watchdog.reason != IDLE or not settings.handoff.on_failure \
+                        or failures:
+                    raise  # ended as any interrupted request (gateway.endings)
+                failure = UpstreamTimeout(f"backend '{backend.name}' timeout idle", kind=IDLE)
+                exchange.watchdog.resumed()
+            finally:
+                del self.running[backend][exchange]
+                exchange.stream_error = None
+            handing, exchange.handing = exchange.handing, None
+            if handing is not None and handed_off:
+                response, first = await self._handed(exchange, handing)
+                continue
+            if handing is not None:  # it ended (or failed) before the hand-off took it
+                handing.done.set_result("finished" if failure is None else "failed")
+            if failure is None:
+                return  # the backend ended the stream
+            if not settings.handoff.on_failure or failures:
+                raise failure
+            failures += 1
+            response, first = await self._continue_after(exchange, failure)
+
+    async def _continue_after(self, exchange: Exchange, failure: UpstreamError
+                              ) -> tuple[UpstreamResponse, bytes]:
+        """The stream's server failed it: on another server, or the failure ends it."""
+        planned = plan(exchange)
+        if not isinstance(planned, Plan):
+            log.info("not continuing a %s stream after %s: %s", exchange.inbound.path,
+                     failure.kind, planned)
+            raise failure
+        source, now = exchange.lease.backend, time.monotonic()
+        self.aborts.abort(exchange)
+        target = exchange.lease.continue_elsewhere(failure_of(failure), now)
+        if target is None:
+            raise failure
+        log.warning("continuing a stream on %s after %s from %s", target.name, failure.kind,
+                    source.name)
+        try:
+            return await self._reopen(exchange, planned, source, target, FAILURE)
+        except Uncontinuable as exc:
+            log.warning("the continuation was not built: %s", exc.message)
+            raise exc.instead_of(failure) from exc
+
+    async def _handed(self, exchange: Exchange, handing: Handing
+                      ) -> tuple[UpstreamResponse, bytes]:
+        """A hand-off took the stream: on its target, or the stream ends with the error."""
+        try:
+            planned = plan(exchange)
+            if not isinstance(planned, Plan):  # decided before, so only a bug lands here
+                raise UpstreamBroken(f"the stream cannot be continued: {planned}")
+            source = exchange.lease.backend
+            self.aborts.abort(exchange)
+            exchange.lease.move_to(handing.target, time.monotonic())
+            opened = await self._reopen(exchange, planned, source, handing.target, handing.cause)
+        except BaseException:
+            handing.done.set_result("failed")
+            raise
+        handing.done.set_result("continued")
+        return opened
+
+    async def _reopen(self, exchange: Exchange, planned: Plan, source: BackendState,
+                      target: BackendState, cause: str) -> tuple[UpstreamResponse, bytes]:
+        opened = await open_continuation(self.aborts.upstream, exchange, planned, target)
+        exchange.continued_from = source.name
+        self.metrics.continued.labels(source.name, target.name, cause).inc()
+        return opened
+
+    def take_running(self, exchanges: list[Exchange], target: BackendState, cause: str
+                     ) -> tuple[list[asyncio.Future[str]], Counter[str]]:
+        """Ask the streams' tasks to continue them on `target`, those that can be; at once,
+        without an await, so no event reaches a client between the decision and the ask."""
+        loop = asyncio.get_running_loop()
+        handed: list[asyncio.Future[str]] = []
+        staying: Counter[str] = Counter()
+        for exchange in exchanges:
+            planned = plan(exchange)
+            if not isinstance(planned, Plan):
+                staying[planned] += 1
+                continue
+            handing = exchange.handing = Handing(target, cause, loop.create_future())
+            assert exchange.upstream is not None  # a running stream's response
+            exchange.upstream.interrupt(HandedOff(f"handed off to {target.name}"))
+            handed.append(handing.done)
+        return handed, staying
+
+    async def hand_off(self, source: BackendState, target: BackendState, *,
+                       timeout_s: float = 10.0) -> HandOff:
+        """At a turn: `source`'s running streams that can be continued go on on `target`.
+        Returns once each is re-opened there (its first event in) or failed, or after
+        `timeout_s`; the rest stay running on `source` (HandOff.staying, by reason). Streams
+        that have had no event yet are not touched (move_unstarted's). Off with
+        `handoff.at_turn: false` (all stay)."""
+        exchanges = [e for e in self.running.get(source, ()) if e.handing is None]
+        if self.settings is not None and not self.settings.handoff.at_turn:
+            return HandOff(staying={"off": len(exchanges)} if exchanges else {})
+        handed, staying = self.take_running(exchanges, target, TURN)
+        if handed:
+            await asyncio.wait(handed, timeout=timeout_s)
+        results = Counter(f.result() if f.done() else "failed" for f in handed)
+        return HandOff(results["continued"], dict(staying), results["failed"], results["finished"])
 
     def wait_for_first_event(self, exchange: Exchange,
                              opening: asyncio.Future[tuple[UpstreamResponse, bytes]]) -> Waiting:
@@ -56,6 +210,10 @@ class Handover:
             candidates = [e for e in self.unstarted.get(source, ()) if movable(e, source, target)]
             for exchange in choose_moves(candidates, moves.not_started):
                 self._move(exchange, target, now)
+            if moves.running:  # routing.handoff_running: the oldest streams first
+                running = [e for e in self.running.get(source, ()) if e.handing is None
+                           and e.lease.movable][:moves.running]
+                self.take_running(running, target, FLIP)
 
     def move_all_unstarted(self, source: BackendState, target: BackendState) -> int:
         """A turn: every stream on `source` that has had no byte moves to `target` (which

@@ -40,6 +40,10 @@ class GatewayMetrics:
                              "Streams moved before their first byte when the pair flipped to "
                              "plain (cancelled, re-sent whole).", ["from_backend", "to_backend"],
                              registry=registry)
+        self.continued = Counter(
+            "gateway_continued_requests", "Running streams continued on another server from what "
+            "their client had (gateway.handoff), by cause: failure, turn, flip.",
+            ["from_backend", "to_backend", "cause"], registry=registry)
         self.disconnects = Counter("gateway_client_disconnects",
                                    "Clients that left before their response ended.",
                                    ["backend", "phase"], registry=registry)

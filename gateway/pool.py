@@ -486,6 +486,23 @@ class Lease:
         self._sample_from = None
         return placement.backend
 
+    def continue_elsewhere(self, failure: Failure, now: float) -> BackendState | None:
+        """The current attempt failed after its first byte: decide again without every server
+        that failed it, for the stream's continuation there (gateway.handoff). The failure
+        stays with the attempt, judged when the lease ends. None: nothing else can take it."""
+        if self.ended:
+            return None
+        placement = self.pool.place(self.ask, now, exclude=[a.backend.name for a in self.attempts])
+        if placement.backend is None:
+            return None
+        current = self.attempts[-1]
+        current.failure = failure
+        current.backend.leave(now, started=self.started, finished=False)
+        self.attempts.append(Attempt(placement.backend,
+                                     placement.backend.admit(now, started=self.started)))
+        self._sample_from = None  # its speed is no longer one server's
+        return placement.backend
+
     def move_to(self, backend: BackendState, now: float) -> None:
         """Move to another server without a failure (a planned move at the mode's flip)."""
         if self.ended or backend is self.backend:

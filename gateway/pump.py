@@ -11,22 +11,74 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from gateway.apis import ANTHROPIC, RESPONSES
 from gateway.asgi import Send
 from gateway.client_io import ClientWriter
+from gateway.errors import UpstreamStreamError
 from gateway.exchange import Exchange
 from gateway.metrics import GatewayMetrics
+from gateway.sse import split_events
+from gateway.streams import event_error
 from gateway.upstream import UpstreamResponse
 from gateway.watchdog import KEEPALIVE
 
 KEEPALIVE_COMMENT = b": keep-alive\n\n"
-RECENT_CHUNKS = 4  # kept for usage and the ending: SGLang's error, usage and [DONE] come apart
+RECENT_CHUNKS = 4  # read for usage and the ending: SGLang's error, usage and [DONE] come apart
+
+
+def last_events(exchange: Exchange) -> bytes:
+    """The last events sent: where a stream's usage and error are."""
+    return b"".join(exchange.recent[-RECENT_CHUNKS:])
+
+
+def error_mark(path: str, api: str) -> bytes:
+    """Bytes every error event of the stream's API holds (and ordinary events never do, but
+    for a model's text that quotes them: the event itself is checked then)."""
+    if path == "/generate":
+        return b'"type":"abort"'  # an abort with a status is SGLang's error there
+    return _ERROR_MARKS.get(api, b'{"error"')
+
+
+_ERROR_MARKS = {ANTHROPIC: b"event: error", RESPONSES: b"event: response.failed"}
+
+
+# What SGLang's adapters send just before their error event, closing the open block or item
+# (anthropic/serving.py:978-993; the Responses stream's done events): part of the error.
+_CLOSING = (b"event: content_block_stop", b"event: response.output_text.done",
+            b"event: response.content_part.done", b"event: response.output_item.done")
+
+
+def _before_error(exchange: Exchange, events: bytes, response: UpstreamResponse) -> bytes:
+    """The events before the backend's own error event, if one is among them: the stream
+    fails with it (a backend failure, that a continuation may repair) and nothing after it is
+    relayed."""
+    if exchange.stream_error is not None:
+        return b""
+    api, kept = exchange.inbound.api, list[bytes]()
+    for event in split_events(events):
+        error = event_error(api, event)
+        if error is not None:
+            while kept and kept[-1].startswith(_CLOSING):
+                kept.pop()
+            name = exchange.lease.backend.name
+            exchange.stream_error = UpstreamStreamError(f"backend '{name}' failed the stream: "
+                                                        f"{error[1]}")
+            response.interrupt(exchange.stream_error)
+            return b"".join(kept)
+        kept.append(event)
+    return events
 
 
 async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first: bytes,
-               writer: ClientWriter | None, metrics: GatewayMetrics) -> None:
+               writer: ClientWriter | None, metrics: GatewayMetrics,
+               stop_at_error: bool = False) -> None:
     """Relay `first` (the events up to the first that decides anything) and the rest of the
-    stream until the backend ends it."""
+    stream until the backend ends it. `stop_at_error`: the backend's own error event is not
+    relayed; the response fails with it instead (the stream may be continued elsewhere)."""
     watchdog, feed, recent = exchange.watchdog, exchange.framer.feed, exchange.recent
+    mark = error_mark(exchange.inbound.path, exchange.inbound.api) if stop_at_error else None
+    if mark is not None and mark in first:  # the attempt may have read it all at once
+        first = _before_error(exchange, first, response)
     if first:  # already framed (the attempt read it): kept, and sent by `send`
         recent.append(first)
         await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -37,10 +89,10 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
         the fast path (returned for `send` on the other)."""
         watchdog.got_bytes()
         events = feed(chunk)
+        if mark is not None and (mark in events or exchange.stream_error is not None):
+            events = _before_error(exchange, events, response)
         if events:
-            recent.append(events)
-            if len(recent) > RECENT_CHUNKS:
-                del recent[0]
+            recent.append(events)  # all kept: a continuation's transcript
             if fast is not None:
                 fast.write(events)
                 if fast.paused:

@@ -36,7 +36,6 @@ from gateway.handover import Handover
 from gateway.inbound import Inbound
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Lease, Pool
-from gateway.pump import pump
 from gateway.response_ids import ResponseStore
 from gateway.turns.waiting import WaitingRoom
 from gateway.upstream import Upstream
@@ -110,7 +109,8 @@ class ProxyEndpoint:
                 ttft = None if exchange.first_byte_at is None else exchange.first_byte_at - started
                 moved_from = lease.moved_from.name if lease.moved_from is not None else None
                 log_access(inbound.path, backend, lease.reason, exchange.status, ttft,
-                           started, exchange.ended, exchange.tokens, moved_from)
+                           started, exchange.ended, exchange.tokens, moved_from,
+                           exchange.continued_from)
 
     async def _run(self, exchange: Exchange, scope: Scope, send: Send, settings: Settings) -> None:
         self.handover.move_unstarted()  # no await since the admission: its flip, if it made one
@@ -131,7 +131,8 @@ class ProxyEndpoint:
         exchange.lease.first_byte(exchange.first_byte_at)
         self.metrics.observe_ttft(exchange.lease.backend.name,
                                   exchange.first_byte_at - exchange.started)
-        await pump(exchange, send, response, first, client_writer(scope), self.metrics)
+        await self.handover.relay_stream(exchange, send, response, first, client_writer(scope),
+                                         settings)
         await endings.end_stream(exchange, send)
 
 

@@ -179,6 +179,11 @@ class UpstreamResponse:
             if self._connection is not None:
                 self._connection.transport.resume_reading()
 
+    def interrupt(self, error: GatewayError) -> None:
+        """Fail the response now with `error`: its reader (or pump) wakes and raises it, and
+        nothing more is handed to the sink (a hand-off taking the stream elsewhere)."""
+        self._fail(error)
+
     def close(self) -> None:
         """Done with this response. Unfinished, its connection is dropped: the backend sees
         the stream end and stops generating."""

@@ -53,6 +53,14 @@ class Watchdog:
             self.reason = reason
             self._task.cancel()
 
+    def resumed(self) -> None:
+        """The request goes on after its interruption (a stream continued elsewhere after an
+        idle timeout): cleared, and the idle deadline counted from now."""
+        self.reason = None
+        self._task.uncancel()
+        self.last_activity = self.last_sent = self._loop.time()
+        self._arm()
+
     def handled_keepalive(self) -> None:
         """The relay wrote a keep-alive comment: clear the interruption and re-arm."""
         self.reason = None

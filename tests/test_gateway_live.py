@@ -265,7 +265,9 @@ async def test_client_disconnect_before_first_byte(sim) -> None:
 @pytest.mark.parametrize("stock_uvicorn", [False, True], ids=["gateway-server", "stock-uvicorn"])
 async def test_backend_crash_mid_stream_ends_with_an_error_event(sim, stock_uvicorn: bool) -> None:
     await sim.servers["mtp"].set_faults(Faults(crash_after_chunks=3))
-    async with live_gateway(sim, stock_uvicorn=stock_uvicorn) as gateway, httpx.AsyncClient() as client:
+    # Continuations off: the error ending (on, the stream goes on on plain: test_handoff_live).
+    async with live_gateway(sim, stock_uvicorn=stock_uvicorn, handoff={"on_failure": False}) \
+            as gateway, httpx.AsyncClient() as client:
         response = await client.post(gateway.url + "/v1/chat/completions",
                                      json=chat(max_tokens=50, stream=True))
         events = sse_events(response.content)

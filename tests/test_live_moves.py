@@ -19,11 +19,10 @@ import httpx
 import openai
 import pytest
 
-from gateway.cli import warn_bench_only
 from gateway.sim.faults import Faults
 from gateway.sim.profile import load_profiles
 from gateway.sim.server import SimOptions, SimPair, start_sim_pair
-from tests.conftest import LiveGateway, gateway_settings, live_gateway
+from tests.conftest import LiveGateway, live_gateway
 from tests.live import wait_until
 
 MODEL = "Qwen/Qwen3.5-122B-A10B"
@@ -203,13 +202,30 @@ async def test_a_moved_stream_that_plain_fails_is_retried_like_any_other(small_m
         await client.close()
 
 
-def test_serve_warns_that_the_relay_does_not_hand_running_streams_off(caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="mtp_gateway")
-    warn_bench_only(gateway_settings(None))
-    assert not caplog.records
-    warn_bench_only(gateway_settings(None, routing={"handoff_running": True}))
-    assert len(caplog.records) == 1
-    assert "handoff_running is true (pairs: default)" in caplog.records[0].getMessage()
+@pytest.mark.timeout(90)
+async def test_at_a_flip_with_handoff_running_the_running_streams_go_on_on_plain(small_mtp):
+    """routing.handoff_running, live: at the flip to plain, MTP's running streams are
+    continued on plain (not only in the virtual bench), MTP left with nothing running."""
+    routing = {**ROUTING, "handoff_running": True}
+    async with live_gateway(small_mtp, routing=routing) as gateway:
+        client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+        burst = Burst(gateway, small_mtp, client)
+        await burst.start()
+        await wait_until(lambda: _continued_now(gateway) == MTP_CAP, timeout=20)
+        for (_, stream), first in zip(burst.running, burst.firsts, strict=True):
+            chunks = [await anext(aiter(stream)) for _ in range(5)]  # it goes on, one stream
+            assert {chunk.id for chunk in chunks} == {first.id}
+        await wait_until(lambda: burst.mtp.num_running == 0, timeout=10)
+        assert gateway.pool.backends["plain"].inflight >= MTP_CAP
+        await burst.finish()
+        await client.close()
+
+
+def _continued_now(gateway: LiveGateway) -> float:
+    """gateway_continued_requests_total{cause="flip"}, summed."""
+    metric = gateway.runtime.metrics.continued
+    return sum(sample.value for family in metric.collect() for sample in family.samples
+               if sample.name.endswith("_total") and sample.labels["cause"] == "flip")
 
 
 @pytest.mark.timeout(60)

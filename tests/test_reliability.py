@@ -188,7 +188,9 @@ async def test_non_stream_answer_broken_before_anything_was_sent_fails_over(sim)
 async def test_every_concurrent_stream_broken_mid_way_ends_with_one_error_then_done(
         sim, fault: Faults) -> None:
     await sim.servers["mtp"].set_faults(fault)
-    async with live_gateway(sim, monitor={"circuit_failures": 100}) as gateway, \
+    # Off, a crash ends the stream with an error (on, it is continued: test_handoff_live.py).
+    async with live_gateway(sim, monitor={"circuit_failures": 100},
+                            handoff={"on_failure": False}) as gateway, \
             httpx.AsyncClient() as client:
         results = await asyncio.gather(
             *(stream(client, gateway, chat(max_tokens=50, stream=True)) for _ in range(8)))
@@ -227,7 +229,8 @@ async def test_idle_timeout_mid_stream_ends_with_an_error_event(keepalive_s: flo
     options = SimOptions(speed=50, shared_device=False)  # mtp's stall must not block plain
     timeouts = {"keepalive_s": keepalive_s, "idle_s": 0.4, "total_s": 4.0}
     async with start_sim_pair(options) as pair, \
-            live_gateway(pair, timeouts=timeouts, stock_uvicorn=stock_uvicorn) as gateway, \
+            live_gateway(pair, timeouts=timeouts, stock_uvicorn=stock_uvicorn,
+                         handoff={"on_failure": False}) as gateway, \
             httpx.AsyncClient() as client:
         opened = await OpenStream(client, gateway.url + URL, chat(**LONG)).open()
         raw = opened.first
@@ -343,7 +346,9 @@ async def test_both_backends_refusing_gives_a_clean_openai_shaped_502(sim) -> No
 async def test_backend_crash_and_restart_down_after_fall_up_after_rise(sim) -> None:
     """Probes are driven by hand (the monitor's own interval is 60 s) so every count is exact."""
     monitor = {"interval_s": 60, "fall": 2, "rise": 3}
-    async with live_gateway(sim, monitor=monitor) as gateway, \
+    # Continuations off: its open streams end in-band, as this test is about (on, they would
+    # go on on plain: test_handoff_live.py).
+    async with live_gateway(sim, monitor=monitor, handoff={"on_failure": False}) as gateway, \
             httpx.AsyncClient(timeout=10) as client:
         health, probe = gateway.pool.backends["mtp"], gateway.runtime.monitor.probe_all
         streams = [await OpenStream(client, gateway.url + URL, chat(**LONG)).open() for _ in range(3)]

@@ -156,9 +156,10 @@ def responses_as_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     for earlier, later in zip(messages, messages[1:], strict=False):
         if earlier["role"] == later["role"] == "assistant":
             raise Unconvertible("consecutive assistant items (SGLang merges them)")
-    request: dict[str, Any] = {"messages": messages, "model": body.get("model"), "stream": True,
-                               "tool_choice": "none",
+    request: dict[str, Any] = {"messages": messages, "stream": True, "tool_choice": "none",
                                "parallel_tool_calls": body.get("parallel_tool_calls", True)}
+    if body.get("model") is not None:  # optional on Responses (protocol.py), a string on chat
+        request["model"] = body["model"]
     if body.get("max_output_tokens") is not None:
         request["max_tokens"] = body["max_output_tokens"]
     for key in ("temperature", "top_p", "top_k", "stop", "chat_template_kwargs"):
