@@ -3,6 +3,7 @@ gateway/engine/__init__.py for what this module provides and why it is one place
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -186,8 +187,16 @@ class MemorySaver:
         if await self._status("/ping", timeout_s) != 200:
             return Probe(alive=False)
         ready = await self._status("/ready", timeout_s) == 200
-        answers = await self._status("/server_info", timeout_s) == 200
-        return Probe(alive=True, ready=ready, scheduler_answers=answers)
+        try:
+            status, body = await self._call("GET", SERVER_INFO, None, timeout_s, self._user)
+        except CallFailed:
+            return Probe(alive=True, ready=ready, scheduler_answers=False)
+        saver = None
+        if status == 200:  # every server argument is in it (http_server.py:863-893)
+            with contextlib.suppress(ValueError, AttributeError):
+                flag = json.loads(body).get("enable_memory_saver")
+                saver = flag if isinstance(flag, bool) else None
+        return Probe(alive=True, ready=ready, scheduler_answers=status == 200, memory_saver=saver)
 
     async def busy(self, timeout_s: float) -> int | None:
         """Requests running or waiting there, every client's (/v1/loads); None: it cannot say."""

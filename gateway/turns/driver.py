@@ -168,7 +168,7 @@ class PairDriver:
             "step_for_s": round(now - state.step_since, 3) if state.step else None,
             "plan": [str(step) for step in state.plan], "for_s": round(now - state.since, 3),
             "turns": self.turns_done, "speculation_lost": state.speculation_lost,
-            "stuck": state.why or None,
+            "stuck": state.why or None, "cannot_turn": state.cannot_turn or None,
             "last_failure": None if failure is None else {
                 "step": str(failure.step), "kind": failure.kind, "detail": failure.detail,
                 "ago_s": round(now - failure.at, 3)},
@@ -250,7 +250,10 @@ class PairDriver:
             log.error("pair %s: no safe step: %s (probes: %s); again in %g s", self.name,
                       state.why, _said(probes), self.turns.stuck_retry_s)
             self._outcome("stuck")
-        elif state.phase == "settling":
+        if state.cannot_turn:
+            log.error("pair %s: %s; it serves on its holder and never turns", self.name,
+                      state.cannot_turn)
+        if state.phase == "settling":
             log.warning("pair %s: settling on %s: %s", self.name, state.target,
                         ", ".join(map(str, state.plan)))
 

@@ -78,6 +78,7 @@ class Probe:
     alive: bool
     ready: bool = False
     scheduler_answers: bool = False
+    memory_saver: bool | None = None  # /server_info's enable_memory_saver (None: not said)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,7 @@ class PairMemory:
     failed_plans: int = 0  # plans in a row that failed since the pair last held
     speculation_lost: bool = False  # MTP came back with drafts that no longer pay
     avoid: Role | None = None  # a server that failed to take the memory: the other first
+    cannot_turn: str = ""  # why no turn may start (the pair serves on its holder)
     why: str = ""  # stuck: what nothing safe could be done about
 
     # --- reading -----------------------------------------------------------------------------
@@ -154,7 +156,7 @@ def can_turn_to(state: PairMemory, target: Role) -> bool:
     """A turn may start: the pair holds, and `target` is known released (not hung, gone or in
     doubt: resuming those could hang or kill it)."""
     return (state.phase == "holding" and state.holder == other(target)
-            and state.of(target) == "released")
+            and state.of(target) == "released" and not state.cannot_turn)
 
 
 def begin_turn(state: PairMemory, target: Role, now: float) -> PairMemory:
@@ -283,7 +285,11 @@ def discovered(state: PairMemory, probes: Mapping[Role, Probe], preferred: Role,
         if facts[role] == "unknown" and (len(held) == 1 or memory_free):
             facts[role] = "released"
     memory = tuple((role, facts[role]) for role in ROLES)
-    base = replace(state, memory=memory, since=now, step_since=now)
+    base = replace(state, memory=memory, since=now, step_since=now, cannot_turn="")
+    without = [role for role in ROLES if probes[role].memory_saver is False]
+    if without:  # its release would free nothing, and the other's resume would then hang
+        base = replace(base, cannot_turn=f"{', '.join(without)} runs without "
+                       "--enable-memory-saver: a turns pair needs it on both servers")
     if state.failed_plans >= SETTLE_ATTEMPTS:
         return replace(base, phase="stuck", plan=(), target=None,
                        why=f"{state.failed_plans} settling plans failed in a row")

@@ -300,6 +300,13 @@ def test_both_resident_at_start_the_unwanted_one_is_parked():
     assert finish(state).admitting == "mtp"
 
 
+def test_a_server_without_the_memory_saver_serves_but_never_turns():
+    plain = Probe(alive=True, ready=False, scheduler_answers=True, memory_saver=False)
+    state = finish(discovered(initial(0.0), {"mtp": READY, "plain": plain}, "mtp", 1.0))
+    assert state.admitting == "mtp" and not can_turn_to(state, "plain")
+    assert "plain runs without --enable-memory-saver" in state.cannot_turn
+
+
 def test_both_gone_is_stuck():
     state = discovered(initial(0.0), {"mtp": DEAD, "plain": DEAD}, "mtp", 1.0)
     assert state.phase == "stuck" and "no server can take" in state.why
