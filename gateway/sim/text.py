@@ -69,8 +69,9 @@ def final_assistant_turn(messages: Any, continue_final: bool, *,
     if text_block and isinstance(content, list) and len(content) == 1 \
             and isinstance(content[0], dict) and content[0].get("type") == "text":
         content = content[0].get("text")
-    if last.get("role") != "assistant" or not isinstance(content, str):
-        return messages, ""
+    if last.get("role") != "assistant" or not isinstance(content, str) \
+            or not isinstance(last.get("tool_calls") or [], list):
+        return messages, ""  # as given: a malformed message is refused as it is (a 400)
     if continue_final:
         return messages[:-1], content
     return [*messages[:-1], {"role": "user", "content": content}], ""
