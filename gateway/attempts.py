@@ -52,13 +52,14 @@ class Attempts:
             return await self._attempt(exchange, send, settings)
         except UpstreamError as exc:
             first = lease.backend
-            fallback = None if exchange.committed else \
+            retry = None if exchange.committed else \
                 lease.retry_elsewhere(failure_of(exc), time.monotonic())
-            if fallback is None:
+            if retry is None or retry.backend is None:
                 return self._no_retry(exchange, exc)
+            fallback = retry.backend
             self.metrics.retries.labels(first.name, fallback.name).inc()
             log.warning("retrying on %s after %s from %s", fallback.name, exc.kind, first.name)
-            self.handover.move_unstarted()  # the retry's decision may have flipped the mode
+            self.handover.apply(retry.flip)  # the retry's decision may have flipped the mode
         try:
             return await self._attempt(exchange, send, settings)
         except UpstreamError as again:
@@ -93,7 +94,6 @@ class Attempts:
         """One opening of a stream, raced against a planned move (None: it was moved). Only
         the wait for the first event races: the relay of the chunks after it is untouched."""
         opening = asyncio.ensure_future(self._open(exchange))
-        backend = exchange.lease.backend
         moved = self.handover.wait_for_first_event(exchange, opening).moved
         keepalive_s = settings.timeouts.keepalive_s or None
         try:
@@ -111,7 +111,7 @@ class Attempts:
                 await send({"type": "http.response.body", "body": KEEPALIVE_COMMENT,
                             "more_body": True})
         finally:
-            self.handover.done_waiting(exchange, backend)
+            self.handover.done_waiting(exchange)
             opening.cancel()
 
     async def _open(self, exchange: Exchange) -> Opened:

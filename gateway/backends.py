@@ -76,7 +76,9 @@ class BackendState:
     # --- written by the lease
     inflight: int = 0
     served: int = 0  # finished requests
-    not_started: int = 0  # of the in-flight, those whose first byte has not come
+    # Of the in-flight, those whose first byte has not come (the pool's leases), in arrival
+    # order: the one record of which requests have not started (a flip's moves pick from it).
+    unstarted: dict[object, None] = field(default_factory=dict)
     # Integral over time of the streams it was running (in flight, at most its cap), up to
     # `area_at`: a stream's mean load is the difference over its life (gateway.adaptive).
     running_area: float = 0.0
@@ -126,27 +128,30 @@ class BackendState:
         if self.area_at is None or now > self.area_at:
             self.area_at = now
 
-    def admit(self, now: float, *, started: bool = False) -> bool:
+    @property
+    def not_started(self) -> int:
+        return len(self.unstarted)
+
+    def admit(self, now: float, request: object, *, started: bool = False) -> bool:
         """Count one request in (`started`: a stream moved here with its first byte sent);
         True when it is the half-open circuit's one trial."""
         self._advance(now)
         self.inflight += 1
         if not started:
-            self.not_started += 1
+            self.unstarted[request] = None
         if self.circuit.is_half_open(now) and not self.circuit.trial_in_flight:
             self.circuit.trial_in_flight = True
             return True
         return False
 
-    def first_byte(self) -> None:
-        self.not_started -= 1
+    def first_byte(self, request: object) -> None:
+        self.unstarted.pop(request, None)
 
-    def leave(self, now: float, *, started: bool, finished: bool) -> None:
+    def leave(self, now: float, request: object, *, finished: bool) -> None:
         """Count one request out (it ended, or moved elsewhere)."""
         self._advance(now)
         self.inflight -= 1
-        if not started:
-            self.not_started -= 1
+        self.unstarted.pop(request, None)
         if finished:
             self.served += 1
 

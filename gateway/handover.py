@@ -2,10 +2,11 @@
 is in flight, the relay's side of it.
 
 Today: at a pair's flip to plain, streams on its MTP server that have had no event move to its
-plain server, whole (`Handover.move_unstarted`): the attempt waiting for the first event is
-cancelled, the backend told to abort, and the lease moved; the request's task opens the
-stream again on the new server when it wakes (gateway.attempts). The pool plans how many
-(policy.plan_moves); which ones is `gateway.moves.choose_moves`.
+plain server, whole (`Handover.apply`, given the Flip the admission or retry that flipped
+returned): the attempt waiting for the first event is cancelled, the backend told to abort,
+and the lease moved; the request's task opens the stream again on the new server when it
+wakes (gateway.attempts). The pool plans how many (policy.plan_moves); which ones is
+`gateway.moves.choose_moves`.
 
 A running stream continues on another server from what its client has (the hand-off,
 gateway.handoff for the I/O, gateway.continuation for the rules): when its server fails it
@@ -33,7 +34,7 @@ from gateway.exchange import Exchange, Handing, Waiting, failure_of
 from gateway.handoff import FAILURE, FLIP, TURN, Plan, Uncontinuable, open_continuation, plan
 from gateway.metrics import GatewayMetrics
 from gateway.moves import choose_moves
-from gateway.pool import Pool
+from gateway.pool import Flip
 from gateway.pump import pump
 from gateway.upstream import UpstreamResponse
 
@@ -52,13 +53,13 @@ class HandOff:
 
 
 class Handover:
-    def __init__(self, pool: Pool, metrics: GatewayMetrics, aborts: Aborts) -> None:
-        self.pool = pool
+    def __init__(self, metrics: GatewayMetrics, aborts: Aborts) -> None:
         self.metrics = metrics
         self.aborts = aborts
-        # Streams waiting for their first event, per backend, in arrival order: what a
-        # planned move at a pair's flip can take.
-        self.unstarted: dict[BackendState, dict[Exchange, None]] = {}
+        # The streams whose opening can be raced now (waiting for their first event), by
+        # lease. Which requests have not started, and in which order, is the backends' record
+        # (BackendState.unstarted).
+        self.openings: dict[object, Exchange] = {}
         self.exchanges: set[Exchange] = set()  # every request relayed now (a turn ends some)
         # Streams relaying their events, per backend: what a hand-off can take.
         self.running: dict[BackendState, dict[Exchange, None]] = {}
@@ -193,33 +194,32 @@ class Handover:
                              opening: asyncio.Future[tuple[UpstreamResponse, bytes]]) -> Waiting:
         """The stream's opening may be moved until `done_waiting`."""
         waiting = exchange.waiting = Waiting(opening, asyncio.get_running_loop().create_future())
-        self.unstarted.setdefault(exchange.lease.backend, {})[exchange] = None
+        self.openings[exchange.lease] = exchange
         return waiting
 
-    def done_waiting(self, exchange: Exchange, backend: BackendState) -> None:
-        del self.unstarted[backend][exchange]
+    def done_waiting(self, exchange: Exchange) -> None:
+        del self.openings[exchange.lease]
         exchange.waiting = None
 
-    def move_unstarted(self) -> None:
-        """At a pair's flip to plain, streams on its MTP server that have had no byte move to
-        its plain server, as many as the pool plans (`routing.move_unstarted`)."""
+    def apply(self, flip: Flip | None) -> None:
+        """A flip's moves (`routing.move_unstarted`): of the streams on the pair's MTP server
+        that have had no event, those `choose_moves` picks move to its plain server."""
+        if flip is None:
+            return
         now = time.monotonic()
-        for name, moves in self.pool.take_moves(now).items():
-            pair = self.pool.pairs[name]
-            source, target = pair.backends["mtp"], pair.backends["plain"]
-            candidates = [e for e in self.unstarted.get(source, ()) if movable(e, source, target)]
-            for exchange in choose_moves(candidates, moves.not_started):
-                self._move(exchange, target, now)
-            if moves.running:  # routing.handoff_running: the oldest streams first
-                running = [e for e in self.running.get(source, ()) if e.handing is None
-                           and e.lease.movable][:moves.running]
-                self.take_running(running, target, FLIP)
+        candidates = self._unstarted_streams(flip.source, flip.target)
+        for exchange in choose_moves(candidates, flip.moves.not_started):
+            self._move(exchange, flip.target, now)
+        if flip.moves.running:  # routing.handoff_running: the oldest streams first
+            running = [e for e in self.running.get(flip.source, ()) if e.handing is None
+                       and e.lease.movable][:flip.moves.running]
+            self.take_running(running, flip.target, FLIP)
 
     def move_all_unstarted(self, source: BackendState, target: BackendState) -> int:
         """A turn: every stream on `source` that has had no byte moves to `target` (which
         holds new requests while paused: SGLang's tokenizer_manager.py:938-939)."""
         now = time.monotonic()
-        chosen = [e for e in self.unstarted.get(source, ()) if movable(e, source, target)]
+        chosen = self._unstarted_streams(source, target)
         for exchange in chosen:
             self._move(exchange, target, now)
         return len(chosen)
@@ -231,6 +231,13 @@ class Handover:
         for exchange in ending:
             exchange.watchdog.kick(MEMORY_TURN)
         return len(ending)
+
+    def _unstarted_streams(self, source: BackendState, target: BackendState) -> list[Exchange]:
+        """The streams on `source` that have had no event and may move to `target`, in
+        arrival order."""
+        return [exchange for lease in source.unstarted
+                if (exchange := self.openings.get(lease)) is not None
+                and movable(exchange, source, target)]
 
     def _move(self, exchange: Exchange, target: BackendState, now: float) -> None:
         """Cancel the attempt where it waits (SGLang frees its queue slot at the abort, not at

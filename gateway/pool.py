@@ -23,6 +23,7 @@ is full), so it counts against no circuit: else a few bad requests would open ev
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
@@ -114,7 +115,6 @@ class PairState:
     backends: dict[Role, BackendState]
     mode: Mode = "mtp"
     mode_since: float = 0.0
-    flipped_to_plain: bool = False  # since the last Pool.take_moves()
     changed_at: float = float("-inf")  # when the mode last changed (never, at start)
     moved: int = 0  # requests moved off its MTP server at flips (Lease.move_to), ever
     estimator: CrossoverEstimator = field(default_factory=CrossoverEstimator)
@@ -254,10 +254,23 @@ class Ask:
 
 
 @dataclass(frozen=True, slots=True)
+class Flip:
+    """A pair's flip to plain, and what it moves off the pair's MTP server now (planned by
+    policy.plan_moves; which requests, by gateway.moves.choose_moves). Whoever made the
+    decision that flipped applies it: the relay (gateway.handover), the bench (its flights)."""
+
+    source: BackendState  # the pair's MTP server
+    target: BackendState  # its plain server
+    moves: Moves
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
     backend: BackendState | None  # None: nowhere to go
     decision: Decision
     pair_choice: PairChoice
+    flipped: bool = False  # this decision flipped its pair to plain
+    flip: Flip | None = None  # ... and these are the moves that causes (once counted in)
 
 
 @dataclass(eq=False)
@@ -382,37 +395,38 @@ class Pool:
         decision = decide(self.snapshot(pair, now, exclude), facts, pair.routing, now)
         if pair.turns is not None:
             decision = _turns_reason(decision, pair.turns)
-        if pair.mode == "mtp" and decision.mode == "plain":
-            pair.flipped_to_plain = True
+        flipped = pair.mode == "mtp" and decision.mode == "plain"
         if decision.mode != pair.mode:
             pair.changed_at = now
         pair.mode, pair.mode_since = decision.mode, decision.mode_since
         backend = pair.backends[decision.backend] if decision.backend is not None else None
-        return Placement(backend, decision, choice)
+        return Placement(backend, decision, choice, flipped)
+
+    def with_flip(self, placement: Placement, now: float) -> Placement:
+        """The placement with the moves its flip causes, planned once the request is counted
+        in (None when it flipped nothing, or the plan moves nothing)."""
+        if not placement.flipped or placement.backend is None:
+            return placement
+        pair = self.pairs[placement.backend.pair]
+        if pair.turns is not None:  # plain is parked: a turn moves them (gateway/turns)
+            return placement
+        planned = plan_moves(self.snapshot(pair, now), pair.routing, flipped=True)
+        if not planned:
+            return placement
+        flip = Flip(pair.backends["mtp"], pair.backends["plain"], planned)
+        return dataclasses.replace(placement, flip=flip)
 
     def admit(self, ask: Ask, now: float) -> Lease | Placement:
-        """Decide and count. Returns the Placement alone when there is nowhere to go."""
+        """Decide and count. Returns the Placement alone when there is nowhere to go; the
+        lease's `flip` is what its admission moves, for the caller to apply."""
         placement = self.place(ask, now)
         if placement.backend is None:
             return placement
-        trial = placement.backend.admit(now)
+        lease = Lease(self, ask, placement, [])
+        lease.attempts.append(Attempt(placement.backend, placement.backend.admit(now, lease)))
         self.pairs[placement.backend.pair].sessions.begin(ask.session)
-        return Lease(self, ask, placement, [Attempt(placement.backend, trial)])
-
-    def take_moves(self, now: float) -> dict[str, Moves]:
-        """Per pair that has just flipped to plain: what to move off its MTP server now (see
-        policy.plan_moves); the caller moves them with `Lease.move_to`."""
-        moves = {}
-        for pair in self.pairs.values():
-            if not pair.flipped_to_plain:  # every admission asks: the usual answer is cheap
-                continue
-            pair.flipped_to_plain = False
-            if pair.turns is not None:  # plain is parked: a turn moves them (gateway/turns)
-                continue
-            planned = plan_moves(self.snapshot(pair, now), pair.routing, flipped=True)
-            if planned:
-                moves[pair.name] = planned
-        return moves
+        lease.placement = self.with_flip(placement, now)
+        return lease
 
 
 def _turns_reason(decision: Decision, gate: MemoryGate) -> Decision:
@@ -455,6 +469,11 @@ class Lease:
         return self.placement.decision.reason if self.moved_from is None else "moved"
 
     @property
+    def flip(self) -> Flip | None:
+        """The moves its admission caused (a flip of its pair to plain), for the caller."""
+        return self.placement.flip
+
+    @property
     def movable(self) -> bool:
         """A planned move may take it: not pinned by the client, and not bound to the server
         that holds what it refers to (a stored response)."""
@@ -465,14 +484,15 @@ class Lease:
             return
         self.started = True
         backend = self.backend
-        backend.first_byte()
+        backend.first_byte(self)
         members = self.pool.pairs[backend.pair].backends
         self._sample_from = (now, {role: b.area(now) for role, b in members.items()})
 
-    def retry_elsewhere(self, failure: Failure, now: float) -> BackendState | None:
+    def retry_elsewhere(self, failure: Failure, now: float) -> Placement | None:
         """The current attempt failed before any byte went to the client: decide again without
-        every server that failed it. Returns the new backend, or None (nothing else can take
-        it: the lease stays, and ends with this failure)."""
+        every server that failed it. Returns the new placement (its backend, and the moves
+        its decision causes), or None (nothing else can take it: the lease stays, and ends
+        with this failure)."""
         if self.ended or self.started:
             return None
         failed = [a.backend.name for a in self.attempts]
@@ -481,10 +501,10 @@ class Lease:
             return None
         current = self.attempts[-1]
         current.failure = failure
-        current.backend.leave(now, started=False, finished=False)  # a trial stays held: judged at end
-        self.attempts.append(Attempt(placement.backend, placement.backend.admit(now)))
+        current.backend.leave(now, self, finished=False)  # a trial stays held: judged at end
+        self.attempts.append(Attempt(placement.backend, placement.backend.admit(now, self)))
         self._sample_from = None
-        return placement.backend
+        return self.pool.with_flip(placement, now)
 
     def continue_elsewhere(self, failure: Failure, now: float) -> BackendState | None:
         """The current attempt failed after its first byte: decide again without every server
@@ -508,11 +528,11 @@ class Lease:
         if self.ended or backend is self.backend:
             return
         current = self.attempts[-1]
-        current.backend.leave(now, started=self.started, finished=False)
+        current.backend.leave(now, self, finished=False)
         if current.trial:  # no verdict on it: the next request may be the trial
             current.backend.end_trial()
             current.trial = False
-        self.attempts[-1] = Attempt(backend, backend.admit(now, started=self.started))
+        self.attempts[-1] = Attempt(backend, backend.admit(now, self, started=self.started))
         self.moved_from = current.backend
         self.pool.pairs[backend.pair].moved += 1
         self._sample_from = None  # its speed is no longer one server's
@@ -526,7 +546,7 @@ class Lease:
         last = self.attempts[-1]
         if outcome is Outcome.BACKEND_FAILURE:
             last.failure = failure or Failure("unknown")
-        last.backend.leave(now, started=self.started, finished=True)
+        last.backend.leave(now, self, finished=True)
         pair = self.pool.pairs[self.attempts[0].backend.pair]
         pair.sessions.end(self.ask.session, now, pair.routing.session_idle_s)
         for attempt in self.attempts:

@@ -54,7 +54,7 @@ class ProxyEndpoint:
         self.metrics = metrics
         self.responses = responses
         self.aborts = Aborts(upstream)
-        self.handover = Handover(pool, metrics, self.aborts)
+        self.handover = Handover(metrics, self.aborts)
         self.endings = Endings(metrics, self.aborts)
         self.attempts = Attempts(upstream, metrics, self.handover, self.endings)
         self.waiting: WaitingRoom | None = None  # turns pairs: arrivals wait for a turn here
@@ -113,7 +113,7 @@ class ProxyEndpoint:
                            exchange.continued_from)
 
     async def _run(self, exchange: Exchange, scope: Scope, send: Send, settings: Settings) -> None:
-        self.handover.move_unstarted()  # no await since the admission: its flip, if it made one
+        self.handover.apply(exchange.lease.flip)  # the moves its admission caused, if any
         response, first = await self.attempts.run(exchange, send, settings)
         endings = self.endings
         if response.status >= 400:

@@ -331,7 +331,9 @@ async def test_a_stream_already_sent_keepalives_still_moves_whole(small_mtp, cap
         burst = Burst(gateway, small_mtp, client)
 
         def keepalives_out() -> bool:  # every queued stream has its headers and a comment
-            waiting = list(gateway.runtime.proxy.handover.unstarted.get(gateway.pool.backends["mtp"], {}))
+            mtp = gateway.pool.backends["mtp"]
+            waiting = [e for e in gateway.runtime.proxy.handover.openings.values()
+                       if e.lease.backend is mtp]
             return len(waiting) == QUEUED_STREAMS and all(e.committed for e in waiting)
 
         async def keepalives_sent() -> None:

@@ -91,8 +91,10 @@ def test_unstarted_requests_are_counted_until_their_first_byte() -> None:
 
 def test_the_flip_to_plain_hands_out_the_burst_once() -> None:
     pool = one_pair(Routing(crossover=4, hysteresis=1, min_dwell_s=0))
-    leases = [pool.admit(Ask(), now=1.0) for _ in range(5)]
+    leases = [pool.admit(Ask(), now=1.0) for _ in range(4)]
     leases[0].first_byte(1.0)
-    moves = pool.take_moves(now=1.0)["default"]
+    flipping = pool.admit(Ask(), now=1.0)
+    assert [lease.flip for lease in leases] == [None] * 4  # the fifth flipped the pair
+    moves = flipping.flip.moves
     assert (moves.not_started, moves.running) == (3, 0)  # the 4 on mtp, less the started one
-    assert not pool.take_moves(now=1.0)
+    assert pool.admit(Ask(), now=1.0).flip is None

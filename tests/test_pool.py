@@ -131,7 +131,7 @@ def test_a_retry_decides_again_without_the_failed_server():
     lease = admit(p)
     assert lease.backend.name == "mtp"
     moved = lease.retry_elsewhere(CONNECT, 1.0)
-    assert moved is p.backends["plain"] and lease.reason == "failover"
+    assert moved.backend is p.backends["plain"] and lease.reason == "failover"
     assert (p.backends["mtp"].inflight, p.backends["plain"].inflight) == (0, 1)
     verdicts = lease.end(Outcome.SUCCESS, 1.0)
     assert [(v.backend.name, v.blamed) for v in verdicts] == [("mtp", True)]

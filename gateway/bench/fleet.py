@@ -130,7 +130,7 @@ def run_fleet_level(workload: Workload, plan: LevelPlan, routing: Routing,
             done(Outcome(0, error="no_backend"))
             return
         flights.start(job, admitted, record, done)
-        flights.apply_moves(pool)
+        flights.apply_moves(admitted.flip)
 
     sim.at(0.0, read_accept_length)
     if setup.loads_interval_s is not None:

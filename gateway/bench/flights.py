@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from gateway.backends import BackendState
 from gateway.bench.stats import RequestRecord
 from gateway.bench.workloads import WORD_ID_BASE, Job, Outcome, Script, Send, Think
-from gateway.pool import Lease, Pool
+from gateway.moves import choose_moves
+from gateway.pool import Flip, Lease
 from gateway.pool import Outcome as LeaseOutcome
 from gateway.sim.engine import Request
 from gateway.sim.virtual import VirtualSim
@@ -56,18 +57,19 @@ class Flights:
               done: Callable[[Outcome], None]) -> None:
         self._submit(Flight(job, lease, record, done), job.prompt_ids or (0,), job.max_tokens)
 
-    def apply_moves(self, pool: Pool) -> None:
-        """What the pool plans at a pair's flip: its requests on that pair's MTP server move
-        to the pair's plain one (unstarted ones; running ones too with handoff_running)."""
-        for name, moves in pool.take_moves(self.sim.now).items():
-            pair = pool.pairs[name]
-            on_mtp = [f for f in self.live.values() if f.lease.backend is pair.backends["mtp"]]
-            unstarted = [f for f in on_mtp if not f.lease.started and f.lease.movable]
-            # The newest, as the relay picks them (surely queued; the oldest may prefill).
-            unstarted = unstarted[max(0, len(unstarted) - moves.not_started):]
-            running = [f for f in on_mtp if f.lease.started][:moves.running]
-            for flight in unstarted + running:
-                self._move(flight, pair.backends["plain"])
+    def apply_moves(self, flip: Flip | None) -> None:
+        """What an admission's flip of its pair moves: requests on the pair's MTP server move
+        to its plain one (unstarted ones, as the relay picks them; running ones too with
+        handoff_running, the oldest first)."""
+        if flip is None:
+            return
+        by_lease: dict[object, Flight] = {f.lease: f for f in self.live.values()}
+        unstarted = [by_lease[lease] for lease in flip.source.unstarted
+                     if lease in by_lease and by_lease[lease].lease.movable]
+        on_mtp = [f for f in self.live.values() if f.lease.backend is flip.source]
+        running = [f for f in on_mtp if f.lease.started][:flip.moves.running]
+        for flight in choose_moves(unstarted, flip.moves.not_started) + running:
+            self._move(flight, flip.target)
 
     def _move(self, flight: Flight, to: BackendState) -> None:
         old_rid = flight.rid

@@ -86,7 +86,7 @@ def route(pool: Pool, flights: Flights, now: float, job: Job, record: RequestRec
         done(Outcome(0, error="no_backend"))
         return
     flights.start(job, admitted, record, done)
-    flights.apply_moves(pool)
+    flights.apply_moves(admitted.flip)
 
 
 def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
