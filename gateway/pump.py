@@ -1,7 +1,8 @@
 """The stream pump: a committed stream's events from the backend to the client, whole.
 
-One framing step for every piece the backend sends (`_framing`): the watchdog told, whole
-events cut, the last few kept for the ending and usage, the events counted. Two ways to write
+One framing step for every piece the backend sends (`relay` in `pump`): the watchdog told,
+whole events cut and kept (a continuation's transcript; the ending and usage read the last
+few; their count is the lease's output_chunks). Two ways to write
 them: the fast path, in the upstream connection's own callback through the server's body
 writer (gateway.client_io), and ASGI `send` for servers without one. Nothing else runs per
 piece: no extra call or await on either path."""
@@ -74,7 +75,11 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
                stop_at_error: bool = False) -> None:
     """Relay `first` (the events up to the first that decides anything) and the rest of the
     stream until the backend ends it. `stop_at_error`: the backend's own error event is not
-    relayed; the response fails with it instead (the stream may be continued elsewhere)."""
+    relayed; the response fails with it instead (the stream may be continued elsewhere).
+    The pieces that carried events, kept in `exchange.recent`, are the lease's `output_chunks`:
+    MTP's recent accept length is tokens per chunk, SGLang sending one chunk per decode step
+    (events the backend sent apart but the gateway read together, when it fell behind, count
+    as one)."""
     watchdog, feed, recent = exchange.watchdog, exchange.framer.feed, exchange.recent
     mark = error_mark(exchange.inbound.path, exchange.inbound.api) if stop_at_error else None
     if mark is not None and mark in first:  # the attempt may have read it all at once
@@ -99,12 +104,15 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
                     response.pause_reading()
         return events
 
-    if fast is not None:
-        metrics.relayed_streams.labels("writer").inc()
-        await _by_writer(exchange, response, fast, relay)
-    else:
-        metrics.relayed_streams.labels("send").inc()
-        await _by_send(exchange, send, response, relay)
+    try:
+        if fast is not None:
+            metrics.relayed_streams.labels("writer").inc()
+            await _by_writer(exchange, response, fast, relay)
+        else:
+            metrics.relayed_streams.labels("send").inc()
+            await _by_send(exchange, send, response, relay)
+    finally:
+        exchange.lease.output_chunks = len(recent)
 
 
 async def _by_writer(exchange: Exchange, response: UpstreamResponse, writer: ClientWriter,
