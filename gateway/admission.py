@@ -22,8 +22,9 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.inbound import PUT_PATHS, Headers, Inbound, bearer_token, parse_inbound
+from gateway.leases import Ask, Lease, Placement
 from gateway.placement import prompt_tokens_from_bytes
-from gateway.pool import Ask, Lease, Placement, Pool
+from gateway.pool import Pool
 from gateway.response_ids import ResponseStore
 from gateway.turns.waiting import WaitingRoom
 

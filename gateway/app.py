@@ -42,7 +42,7 @@ class Runtime:
         self.pool = Pool.from_settings(settings, time.monotonic())
         self.metrics = GatewayMetrics(registry, self.pool)
         self.upstream = Upstream(connect_timeout_s=settings.timeouts.connect_s)
-        self.monitor = Monitor(settings, self.pool, self.upstream)
+        self.monitor = Monitor(lambda: self.settings, self.pool, self.upstream)
         self.responses = ResponseStore()
         self.proxy = ProxyEndpoint(lambda: self.settings, self.pool, self.upstream, self.metrics,
                                    self.responses)

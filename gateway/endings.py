@@ -21,8 +21,8 @@ from gateway.errors import (
     openai_shaped,
 )
 from gateway.exchange import Exchange, failure_of
+from gateway.leases import Failure, Outcome
 from gateway.metrics import GatewayMetrics
-from gateway.pool import Failure, Outcome
 from gateway.pump import last_events
 from gateway.streams import ending, ends_in_error
 from gateway.upstream import UpstreamResponse

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from gateway.backends import BackendState
 from gateway.errors import UpstreamError, UpstreamRefused, UpstreamStatus
 from gateway.inbound import Headers, Inbound
-from gateway.pool import Failure, Lease, Outcome
+from gateway.leases import Failure, Lease, Outcome
 from gateway.sse import EventFramer
 from gateway.upstream import UpstreamResponse
 from gateway.watchdog import Watchdog

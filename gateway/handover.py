@@ -32,9 +32,9 @@ from gateway.endings import MEMORY_TURN
 from gateway.errors import HandedOff, UpstreamBroken, UpstreamError, UpstreamTimeout
 from gateway.exchange import Exchange, Handing, Waiting, failure_of
 from gateway.handoff import FAILURE, FLIP, TURN, Plan, Uncontinuable, open_continuation, plan
+from gateway.leases import Flip
 from gateway.metrics import GatewayMetrics
 from gateway.moves import choose_moves
-from gateway.pool import Flip
 from gateway.pump import pump
 from gateway.upstream import UpstreamResponse
 
@@ -121,9 +121,11 @@ class Handover:
             raise failure
         source, now = exchange.lease.backend, time.monotonic()
         self.aborts.abort(exchange)
-        target = exchange.lease.continue_elsewhere(failure_of(failure), now)
-        if target is None:
+        placement = exchange.lease.continue_elsewhere(failure_of(failure), now)
+        if placement is None or placement.backend is None:
             raise failure
+        target = placement.backend
+        self.apply(placement.flip)  # the decision may have flipped its pair
         log.warning("continuing a stream on %s after %s from %s", target.name, failure.kind,
                     source.name)
         try:

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from gateway.backends import BackendState
 from gateway.config import Settings
@@ -41,8 +42,9 @@ MISSING = _Missing()
 
 
 class Monitor:
-    def __init__(self, settings: Settings, pool: Pool, upstream: Upstream) -> None:
-        self.settings = settings
+    def __init__(self, get_settings: Callable[[], Settings], pool: Pool,
+                 upstream: Upstream) -> None:
+        self.get_settings = get_settings  # the runtime's one settings object, as reloaded
         self.pool = pool
         self.upstream = upstream
         self._rounds = 0
@@ -53,7 +55,7 @@ class Monitor:
                 await self.probe_all()
             except Exception:  # a bug in one round must not end health checking for good
                 log.exception("probe round failed")
-            await asyncio.sleep(self.settings.monitor.interval_s)
+            await asyncio.sleep(self.get_settings().monitor.interval_s)
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(b) for b in self.pool.backends.values()))
@@ -63,7 +65,7 @@ class Monitor:
         if backend.parked:  # a turns pair's server without the memory: paused, not down
             return
         target = backend.target
-        budget = self.settings.monitor.request_timeout_s
+        budget = self.get_settings().monitor.request_timeout_s
         headers = engine.probe_headers(target)
         missing = set(backend.missing_endpoints)
         try:

@@ -34,8 +34,9 @@ from gateway.errors import GatewayError, UpstreamStatus
 from gateway.exchange import Exchange
 from gateway.handover import Handover
 from gateway.inbound import Inbound
+from gateway.leases import Lease
 from gateway.metrics import GatewayMetrics
-from gateway.pool import Lease, Pool
+from gateway.pool import Pool
 from gateway.response_ids import ResponseStore
 from gateway.turns.waiting import WaitingRoom
 from gateway.upstream import Upstream

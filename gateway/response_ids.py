@@ -3,7 +3,7 @@ previous_response_id, GET and cancel) only on the server that made it."""
 
 from __future__ import annotations
 
-from gateway.pool import SessionMap
+from gateway.sessions import SessionMap
 
 STORED_RESPONSES = 10_000  # response ids remembered for affinity, least recently used forgotten
 

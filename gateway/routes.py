@@ -18,8 +18,9 @@ from gateway.backends import BackendState
 from gateway.config import ConfigError, build_routing, describe_validation_error
 from gateway.errors import BadRequest, Forbidden, Unauthorized
 from gateway.inbound import bearer_token, parse_json_object
+from gateway.pair_state import PairState
 from gateway.passthrough import pass_through
-from gateway.pool import PairState, Pool
+from gateway.pool import Pool
 
 router = APIRouter()
 DASHBOARD_HTML = (Path(__file__).parent / "dashboard.html").read_text(encoding="utf-8")

@@ -1,0 +1,38 @@
+"""Sessions at work (gateway.sessions): reading them changes nothing; writes forget the idle."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gateway.config import Routing
+from gateway.metrics import PoolCollector
+from gateway.pool import Ask, Outcome
+from gateway.sessions import SessionActivity
+from tests.test_load import one_pair
+
+
+def test_reading_sessions_at_work_forgets_nothing_and_writes_do() -> None:
+    sessions = SessionActivity()
+    sessions.begin("a", 0.0, 6.0)
+    sessions.end("a", 1.0, 6.0)
+    sessions.begin("b", 2.0, 6.0)
+    sessions.end("b", 5.0, 6.0)
+    assert sessions.at_work(8.0, 6.0) == 1  # a idle 7 s: gone; b idle 3 s: at work
+    assert sessions.at_work(8.0, 6.0) == 1
+    assert list(sessions.idle_since) == ["a", "b"]  # a read forgot nothing
+    sessions.begin("c", 8.0, 6.0)  # a write forgets
+    assert list(sessions.idle_since) == ["b"] and sessions.at_work(8.0, 6.0) == 2
+
+
+def test_a_snapshot_and_a_metrics_scrape_leave_the_pool_as_it_was() -> None:
+    pool = one_pair(Routing(load_signal="sessions", session_idle_s=6.0))
+    pair = pool.pairs["default"]
+    for session, ends in (("a", 1.0), ("b", 5.0)):
+        lease = pool.admit(Ask(session=session), now=0.0)
+        lease.end(Outcome.SUCCESS, ends)
+    registry = CollectorRegistry()
+    registry.register(PoolCollector(pool))
+    assert pool.snapshot(pair, 8.0).sessions_at_work == 1  # a idle 7 s: gone; b idle 3 s
+    # The scrape reads at the monotonic clock, long after both ended: none at work.
+    assert "gateway_sessions_at_work 0.0" in generate_latest(registry).decode()
+    assert list(pair.sessions.idle_since) == ["a", "b"]  # neither read forgot them
