@@ -75,10 +75,8 @@ class Routing(_Frozen):
     # Several pairs: a session stays on the pair holding its prefix while that pair has at
     # most this many requests more than the least loaded one.
     pair_affinity_slack: int = Field(8, ge=0)
-    # Agentic sessions (gateway/placement.py, docs/bench/routing-sessions.md).
-    session_placement: Literal["request", "sticky", "move_pays"] = "request"
-    prefill_tokens_per_s: float = Field(16000.0, gt=0)  # move_pays: the cost of a moved prefix
-    session_stream_s: float = Field(5.0, gt=0)  # move_pays: how often a running slot frees
+    # Prompt tokens a server prefills a second: what a re-sent prefix costs (gateway/turns).
+    prefill_tokens_per_s: float = Field(16000.0, gt=0)
     load_signal: Literal["requests", "sessions"] = "sessions"
     session_idle_s: float = Field(6.0, ge=0)  # sessions: a session this long idle is gone
     session_crossover: int = Field(22, ge=1)  # sessions: the crossover in sessions at work

@@ -11,7 +11,7 @@ requests in flight, or the sessions at work against `session_crossover`,
 - plain -> mtp only when the load has fallen to `crossover - hysteresis` and the plain
   mode has lasted `min_dwell_s`, so a busy boundary does not flap;
 - inside the band (crossover - hysteresis, crossover) a session stays where its prefix is
-  cached (`session_affinity`), and outside it as `session_placement` says (gateway.placement);
+  cached (`session_affinity`); outside it the mode decides, as for any request;
 - in mtp mode, a request goes to plain at low load too: while the load is below
   `plain_below` (the learned estimate finds plain faster there: MTP's drafts accepted too
   rarely to pay for its dearer step), and `LOW_LOAD_BAND` above it while plain is the only
@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gateway.config import Role, Routing
-from gateway.placement import move_pays
 
 Mode = Literal["mtp", "plain"]
 Reason = Literal[
@@ -166,21 +165,6 @@ def next_mode(snapshot: Snapshot, routing: Routing, now: float, load: Load) -> t
     return snapshot.mode, snapshot.mode_since
 
 
-def _crossover_choice(
-    snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode, load: Load
-) -> tuple[Role, Reason]:
-    backend, reason = _mode_choice(snapshot, facts, routing, mode, load)
-    held = facts.session_backend
-    if held is None or held == backend or routing.session_placement == "request":
-        return backend, reason
-    views = snapshot.backends
-    if routing.session_placement == "sticky" or not move_pays(
-            facts.prompt_tokens, views[held], views[backend],
-            prefill_tokens_per_s=routing.prefill_tokens_per_s, stream_s=routing.session_stream_s):
-        return held, "session_affinity"
-    return backend, reason
-
-
 def _mode_choice(
     snapshot: Snapshot, facts: RequestFacts, routing: Routing, mode: Mode, load: Load
 ) -> tuple[Role, Reason]:
@@ -213,7 +197,7 @@ def decide(snapshot: Snapshot, facts: RequestFacts, routing: Routing, now: float
     load = load_against_crossover(snapshot, routing)
     mode, since = next_mode(snapshot, routing, now, load)
     if routing.policy == "crossover":
-        backend, reason = _crossover_choice(snapshot, facts, routing, mode, load)
+        backend, reason = _mode_choice(snapshot, facts, routing, mode, load)
     else:
         backend, reason = ("mtp" if routing.policy == "mtp-only" else "plain"), "static_policy"
     if facts.pin is not None:

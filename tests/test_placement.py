@@ -6,14 +6,10 @@ of the sessions at work (gateway/pool.py). Figures: docs/bench/routing-sessions.
 
 from __future__ import annotations
 
-import pytest
-
 from gateway.config import Backend, Routing
-from gateway.placement import move_pays, prompt_tokens_from_bytes, queue_wait_s
+from gateway.placement import prompt_tokens_from_bytes
 from gateway.policy import BackendView, RequestFacts, Snapshot, decide
 from gateway.pool import Ask, Lease, Outcome, PairSpec, Pool
-
-FAST = {"prefill_tokens_per_s": 16000.0, "stream_s": 5.0}
 
 
 def view(load: int, cap: int | None = 24, healthy: bool = True) -> BackendView:
@@ -23,25 +19,6 @@ def view(load: int, cap: int | None = 24, healthy: bool = True) -> BackendView:
 def test_the_prompt_is_estimated_at_four_bytes_a_token() -> None:
     assert prompt_tokens_from_bytes(40_000) == 10_000
     assert prompt_tokens_from_bytes(0) == 0
-
-
-def test_queue_wait_counts_the_requests_beyond_the_running_cap() -> None:
-    assert queue_wait_s(view(23, cap=24), 5.0) == 0.0  # a slot is free
-    assert queue_wait_s(view(29, cap=24), 5.0) == pytest.approx(6 * 5.0 / 24)
-    assert queue_wait_s(view(99, cap=None), 5.0) == 0.0  # cap unknown: no estimate
-
-
-@pytest.mark.parametrize(("name", "prefix", "here", "there", "moves"), [
-    ("a long prefix stays when neither server queues", 8000, view(20), view(10, cap=28), False),
-    ("the queue it avoids pays for the prefix", 2000, view(48), view(10, cap=28), True),
-    ("the same queue does not pay for a longer prefix", 100_000, view(48), view(10, cap=28), False),
-    ("staying would wake an idle server", 8000, view(0), view(10, cap=28), True),
-    ("both idle: stay with the cache", 8000, view(0), view(0, cap=28), False),
-    ("never to an unhealthy server", 10, view(48), view(0, healthy=False), False),
-    ("always off an unhealthy server", 8000, view(0, healthy=False), view(30), True),
-])
-def test_move_pays(name, prefix, here, there, moves) -> None:
-    assert move_pays(prefix, here, there, **FAST) is moves
 
 
 def snap(mode: str, mtp: int, plain: int, at_work: int | None = None,
@@ -56,29 +33,10 @@ BASE = Routing(crossover=24, hysteresis=6, min_dwell_s=5.0, adaptive_crossover=F
                adapt_to_accept_length=False, load_signal="requests")
 
 
-@pytest.mark.parametrize(("placement", "prefix", "backend", "reason"), [
-    ("request", 8000, "plain", "above_crossover"),  # the mode decides
-    ("sticky", 8000, "mtp", "session_affinity"),  # stays with its prefix
-    ("move_pays", 8000, "mtp", "session_affinity"),  # MTP does not queue: not worth 0.5 s
-])
-def test_a_session_above_the_crossover(placement, prefix, backend, reason) -> None:
-    routing = BASE.model_copy(update={"session_placement": placement})
-    facts = RequestFacts(session_backend="mtp", prompt_tokens=prefix)
-    decision = decide(ABOVE, facts, routing, now=10.0)
-    assert (decision.backend, decision.reason) == (backend, reason)
-
-
-def test_move_pays_leaves_a_server_that_would_otherwise_go_idle() -> None:
-    routing = BASE.model_copy(update={"session_placement": "move_pays"})
+def test_a_session_above_the_crossover_goes_where_the_mode_says() -> None:
     facts = RequestFacts(session_backend="mtp", prompt_tokens=8000)
-    decision = decide(snap("plain", 0, 40), facts, routing, now=10.0)
+    decision = decide(ABOVE, facts, BASE, now=10.0)
     assert (decision.backend, decision.reason) == ("plain", "above_crossover")
-
-
-def test_new_sessions_follow_the_mode_whatever_the_placement() -> None:
-    for placement in ("sticky", "move_pays"):
-        routing = BASE.model_copy(update={"session_placement": placement})
-        assert decide(ABOVE, RequestFacts(prompt_tokens=8000), routing, 10.0).backend == "plain"
 
 
 def test_the_sessions_signal_flips_on_sessions_not_requests() -> None:

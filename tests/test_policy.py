@@ -254,14 +254,3 @@ def sessions_snap(mtp: int, plain: int, at_work: int | None, with_session: int,
 ], ids=lambda v: v if isinstance(v, str) and " " in v else "")
 def test_the_load_against_the_crossover(name, snapshot, routing, load) -> None:
     assert snapshot.against_crossover(routing, routing.crossover) == load
-
-
-def test_a_sticky_session_stays_even_where_moving_would_pay() -> None:
-    """Above the crossover with MTP idle, `move_pays` would move a session held on MTP to
-    plain (staying wakes an idle server); `sticky` keeps it where its prefix is."""
-    above = snap("plain", 0, 0, 30, cap=None)
-    held = RequestFacts(session_backend="mtp", prompt_tokens=100)
-    sticky = Routing(crossover=24, hysteresis=6, session_placement="sticky")
-    moving = Routing(crossover=24, hysteresis=6, session_placement="move_pays")
-    assert decide(above, held, sticky, 10).backend == "mtp"
-    assert decide(above, held, moving, 10).backend == "plain"
