@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.asgi import Receive, Scope, Send
 from gateway.config import ConfigError, Settings, build_settings, read_yaml
 from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
 from gateway.inbound import PROXY_PATHS
@@ -112,7 +113,7 @@ class GatewayApp:
         self.proxy = proxy
         self.state = api.state
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in PROXY_PATHS:
             await self.proxy(scope, receive, send)
         else:

@@ -4,14 +4,14 @@ Proxied paths bypass the framework (see app.GatewayApp): these are the shapes th
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from gateway.apis import OPENAI
 from gateway.errors import GatewayError
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
+Scope = MutableMapping[str, Any]  # as ASGI servers and Starlette type them
+Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 RawHeaders = list[tuple[bytes, bytes]]
