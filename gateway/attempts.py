@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from gateway.asgi import Send
 from gateway.config import Settings
@@ -98,8 +99,7 @@ class Attempts:
         keepalive_s = settings.timeouts.keepalive_s or None
         try:
             while True:
-                await asyncio.wait((opening, moved), timeout=keepalive_s,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await _first_of(opening, moved, keepalive_s)
                 if moved.done():
                     await unwind(opening)  # its upstream was closed and aborted by the move
                     return None
@@ -159,3 +159,25 @@ class Attempts:
                 return head
             if exchange.waiting is not None:  # only lead-ins so far: still movable, if whole
                 exchange.waiting.mid_event = framer.holding
+
+
+async def _first_of(a: asyncio.Future[Any], b: asyncio.Future[None], timeout_s: float | None) -> None:
+    """Until `a` or `b` is done or `timeout_s` has passed: asyncio.wait's FIRST_COMPLETED for
+    two, without its sets and per-call bookkeeping (every stream's opening waits here)."""
+    loop = asyncio.get_running_loop()
+    wake: asyncio.Future[None] = loop.create_future()
+
+    def ready(_: object = None) -> None:
+        if not wake.done():
+            wake.set_result(None)
+
+    a.add_done_callback(ready)
+    b.add_done_callback(ready)
+    timer = loop.call_later(timeout_s, ready) if timeout_s else None
+    try:
+        await wake
+    finally:
+        if timer is not None:
+            timer.cancel()
+        a.remove_done_callback(ready)
+        b.remove_done_callback(ready)
