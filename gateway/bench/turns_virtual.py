@@ -42,7 +42,7 @@ from gateway.bench.virtual import AcceptMonitor, route, virtual_pool
 from gateway.bench.workloads import Job, Outcome, Workload
 from gateway.config import Role, Routing
 from gateway.policy import load_against_crossover
-from gateway.pool import Ask, Lease, Pool
+from gateway.pool import Ask, Lease, Pool, SessionActivity
 from gateway.sim.profile import Profile
 from gateway.sim.virtual import VirtualSim
 from gateway.turns.decision import NEVER, LoadSignal, PairMemory, TurnRules, decide_turn
@@ -172,6 +172,13 @@ class _Clients:
 
 # --- the turns controller in virtual time -----------------------------------------------------
 
+def reusable_context(sessions: SessionActivity, last_prompt: Mapping[str, int]) -> int:
+    """The cache a release throws away that the traffic would reuse: the last prompt of every
+    session at work (in flight, or idle for less than session_idle_s: its next turn extends
+    it). One-off prompts are never hit again, so they count nothing."""
+    return sum(last_prompt.get(s, 0) for s in (*sessions.in_flight, *sessions.idle_since))
+
+
 class _TurnFlights(Flights):
     def continue_on(self, flight: Flight, to: BackendState) -> None:
         """Abort it where it runs and send it to ``to`` with what it generated so far."""
@@ -237,11 +244,7 @@ class TurnsController:
         return [f for f in self.flights.live.values() if f.lease.backend is backend]
 
     def _sessions_context(self) -> int:
-        """The cache a release throws away that the traffic would reuse: the last prompt of
-        every session at work (its next turn extends it). One-off prompts are never hit again."""
-        sessions = self.pair.sessions
-        at_work = [*sessions.in_flight, *sessions.idle_since]
-        return sum(self.session_prompt.get(s, 0) for s in at_work)
+        return reusable_context(self.pair.sessions, self.session_prompt)
 
     def evaluate(self) -> None:
         if self.turning is not None:

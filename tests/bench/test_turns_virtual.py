@@ -8,10 +8,18 @@ import pytest
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import summarise
 from gateway.bench.targets import build_targets, run_target_sweep, tuned_profile, turns_profiles
-from gateway.bench.turns_virtual import Phase, TurnModel, parse_schedule, run_virtual, turns_routing
+from gateway.bench.turns_virtual import (
+    Phase,
+    TurnModel,
+    parse_schedule,
+    reusable_context,
+    run_virtual,
+    turns_routing,
+)
 from gateway.bench.workloads import make_workload
 from gateway.cli import main
 from gateway.config import Routing
+from gateway.pool import SessionActivity
 from gateway.sim.profile import packaged_timings, single_profile
 
 ROUTING = Routing()
@@ -169,3 +177,15 @@ def test_bench_sim_schedule_reports_the_whole_run_and_each_phase(tmp_path, capsy
 def test_bench_sim_schedule_rejects_a_bad_schedule(capsys):
     assert main(["bench", "--sim", "--no-progress", "--schedule", "4:abc"]) == 2
     assert "--schedule takes C:SECONDS" in capsys.readouterr().err
+
+
+def test_a_turn_throws_away_the_context_of_the_sessions_at_work_only():
+    sessions = SessionActivity()
+    last_prompt = {"a": 6000, "b": 4000, "gone": 9000}
+    sessions.begin("gone")
+    sessions.end("gone", now=0.0, idle_s=6.0)
+    sessions.begin("a")  # in flight
+    sessions.begin("b")
+    sessions.end("b", now=10.0, idle_s=6.0)  # between two turns: still at work; "gone" idle 10 s
+    assert reusable_context(sessions, last_prompt) == 10_000
+    assert reusable_context(SessionActivity(), last_prompt) == 0  # one-off prompts cost nothing
