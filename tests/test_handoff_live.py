@@ -308,3 +308,22 @@ async def test_a_stream_ended_by_its_servers_own_error_event_is_continued(pair, 
         assert answer["completion"] == LIMIT == _words(answer["text"])
         assert gateway.pool.backends["mtp"].circuit.failures == 1
         assert _continued(await _metrics(gateway), "failure") == 1
+
+
+@pytest.mark.timeout(60)
+async def test_a_crashed_stream_with_a_tool_call_begun_ends_with_its_error(pair):
+    """Not continued (the prefix would not carry the call, serving_chat.py:540-545): the SDK
+    raises, as without continuations; the failure counts against MTP, nothing against plain."""
+    await pair.servers["mtp"].set_faults(CRASH)
+    async with live_gateway(pair) as gateway:
+        stream = await _openai(gateway).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=LIMIT,
+            stream=True, tools=[{"type": "function", "function": {"name": "read", "parameters": {}}}])
+        calls = 0
+        with pytest.raises(openai.APIError, match="broken|closed"):
+            async for chunk in stream:
+                calls += bool(chunk.choices and chunk.choices[0].delta.tool_calls)
+        assert calls >= 1
+        assert _continued(await _metrics(gateway), "failure") == 0
+        assert gateway.pool.backends["mtp"].circuit.failures == 1
+        assert gateway.pool.backends["plain"].circuit.failures == 0
