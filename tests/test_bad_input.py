@@ -810,9 +810,10 @@ async def test_keys_never_appear_in_logs(caplog: pytest.LogCaptureFixture,
             mtp = pair.servers["mtp"]
             await mtp.set_faults(Faults(fail_status=500, fail_count=1))  # 5xx then retried
             assert (await client.post(url, json=chat(), headers=good)).status_code == 200
-            await mtp.set_faults(Faults(crash_after_chunks=2))  # broken mid-stream
+            await mtp.set_faults(Faults(crash_after_chunks=2))  # broken mid-stream:
             broken = await client.post(url, json=chat(stream=True), headers=good)
-            assert b"upstream_stream_broken" in broken.content
+            # continued on plain (its /v1/tokenize and chat asked with the backend key)
+            assert b'"finish_reason":"' in broken.content and b'"error"' not in broken.content
             await mtp.clear_faults()
             long = chat(max_tokens=100000, ignore_eos=True, stream=True)
             async with client.stream("POST", url, headers=good, json=long) as response:
