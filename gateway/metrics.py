@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -67,6 +68,9 @@ class GatewayMetrics:
                                   "Gateway time from request arrival to the upstream send.",
                                   ["backend"], buckets=_OVERHEAD_BUCKETS, registry=registry)
         registry.register(PoolCollector(pool))
+        for metric in vars(self).values():
+            if isinstance(metric, Counter | Histogram) and metric._labelnames:
+                _cache_children(metric)
         # Plain running totals for the built-in dashboard (it computes per-interval means).
         self.ttft_totals: dict[str, list[float]] = {name: [0.0, 0] for name in pool.backends}
 
@@ -75,6 +79,24 @@ class GatewayMetrics:
         totals = self.ttft_totals[backend]
         totals[0] += seconds
         totals[1] += 1
+
+
+def _cache_children(metric: Counter | Histogram) -> None:
+    """Each label set's child looked up once, then kept: the label sets are bounded (see above),
+    and prometheus_client's labels() converts, checks, locks and looks up on every call (about
+    2.8 us each on this machine; six or more a request)."""
+    children: dict[tuple[object, ...], Any] = {}
+    labels = metric.labels
+
+    def cached(*values: object, **by_name: object) -> Any:
+        if by_name:
+            return labels(*values, **by_name)
+        child = children.get(values)
+        if child is None:
+            child = children[values] = labels(*values)
+        return child
+
+    metric.labels = cached  # type: ignore[method-assign]
 
 
 class PoolCollector(Collector):
