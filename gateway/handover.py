@@ -177,16 +177,24 @@ class Handover:
         return handed, staying
 
     async def hand_off(self, source: BackendState, target: BackendState, *,
-                       timeout_s: float = 10.0) -> HandOff:
+                       timeout_s: float = 10.0, wait_opened: bool = True) -> HandOff:
         """At a turn: `source`'s running streams that can be continued go on on `target`.
         Returns once each is re-opened there (its first event in) or failed, or after
         `timeout_s`; the rest stay running on `source` (HandOff.staying, by reason). Streams
         that have had no event yet are not touched (move_unstarted's). Off with
-        `handoff.at_turn: false` (all stay)."""
+        `handoff.at_turn: false` (all stay).
+
+        `wait_opened=False`: returns as soon as the streams are taken (each stops relaying
+        from `source`, and its task aborts it there and asks `target` for the rest), with
+        `continued` counting them: for a turn whose `target` is paused until `source` has
+        released its memory (a paused SGLang holds new requests, tokenizer_manager.py:938-939,
+        and runs them once resumed)."""
         exchanges = [e for e in self.running.get(source, ()) if e.handing is None]
         if self.settings is not None and not self.settings.handoff.at_turn:
             return HandOff(staying={"off": len(exchanges)} if exchanges else {})
         handed, staying = self.take_running(exchanges, target, TURN)
+        if not wait_opened:
+            return HandOff(len(handed), dict(staying))
         if handed:
             await asyncio.wait(handed, timeout=timeout_s)
         results = Counter(f.result() if f.done() else "failed" for f in handed)

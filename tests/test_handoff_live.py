@@ -327,3 +327,28 @@ async def test_a_crashed_stream_with_a_tool_call_begun_ends_with_its_error(pair)
         assert _continued(await _metrics(gateway), "failure") == 0
         assert gateway.pool.backends["mtp"].circuit.failures == 1
         assert gateway.pool.backends["plain"].circuit.failures == 0
+
+
+@pytest.mark.timeout(60)
+async def test_a_turn_takes_the_streams_to_a_paused_server_that_runs_them_once_it_continues(pair):
+    """hand_off(wait_opened=False): the streams leave MTP at once (aborted there); plain,
+    paused, holds their continuations (tokenizer_manager.py:938-939) until it continues."""
+    async with live_gateway(pair) as gateway, httpx.AsyncClient(timeout=10) as http:
+        plain_url = pair.servers["plain"].url
+        assert (await http.post(plain_url + "/pause_generation", json={"mode": "in_place"})
+                ).status_code == 200
+        backends, taken = gateway.pool.backends, []
+
+        async def turn(pieces: int) -> None:
+            if pieces == 3:
+                handover = gateway.runtime.proxy.handover
+                taken.append(await handover.hand_off(backends["mtp"], backends["plain"],
+                                                     wait_opened=False))
+                engine = pair.servers["mtp"].live.engine
+                await wait_until(lambda: engine.num_running == 0, timeout=5)  # left MTP
+                assert (await http.post(plain_url + "/continue_generation", json={})
+                        ).status_code == 200
+        answer = await asyncio.wait_for(chat(gateway, turn), timeout=30)
+        assert [t.continued for t in taken] == [1]
+        assert answer["finish"] == "length"
+        assert answer["completion"] == LIMIT == _words(answer["text"])
