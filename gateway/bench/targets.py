@@ -11,7 +11,8 @@ otherwise run, each with the memory it would really have (gateway.sim.memory).
   each server sized for the whole GPU less the parked one's leftovers, its MTP server
   ``--speculative-adaptive``; ``pair-turns-mtp`` the same with the pair's MTP flags (one draft
   step); ``pair-turns-finish`` lets running streams finish first (bounded) instead of
-  continuing them on the incoming server;
+  continuing them on the incoming server, ``pair-turns-finish-back`` only on the way back to
+  MTP (a draining burst);
 - ``single-mtp-tuned``, ``single-adaptive-tuned``: the strongest single MTP server a user
   could tune with SGLang 0.5.23's flags: ``--max-running-requests 128``, the plain server's
   ``--mem-fraction-static``, and ``--mamba-full-memory-ratio`` raised until the Mamba pool
@@ -45,7 +46,7 @@ from gateway.sim.profile import Profile, adaptive_timing, packaged_timings, pair
 
 SINGLE_TARGETS = ("single-plain", "single-mtp", "single-adaptive")
 TUNED_TARGETS = ("single-mtp-tuned", "single-adaptive-tuned")
-TURNS_TARGETS = ("pair-turns", "pair-turns-mtp", "pair-turns-finish")
+TURNS_TARGETS = ("pair-turns", "pair-turns-mtp", "pair-turns-finish", "pair-turns-finish-back")
 # The pair's target by memory shape; `bench --sim --memory` picks one.
 PAIR_TARGET = {"split": "gateway", "turns": "pair-turns"}
 DEFAULT_TARGETS = ("gateway", *SINGLE_TARGETS)
@@ -160,6 +161,9 @@ def build_targets(names: Sequence[str], hardware: str = memory.DEFAULT_HARDWARE,
         "pair-turns-finish": lambda: SimTarget(
             "pair-turns-finish", "crossover", turns_profiles(hardware, "adaptive", pair),
             dataclasses.replace(turn, running="finish")),
+        "pair-turns-finish-back": lambda: SimTarget(
+            "pair-turns-finish-back", "crossover", turns_profiles(hardware, "adaptive", pair),
+            dataclasses.replace(turn, running="finish-back")),
     }
     unknown = [n for n in names if n not in makers]
     if unknown:

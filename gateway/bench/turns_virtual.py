@@ -42,7 +42,8 @@ from gateway.bench.virtual import AcceptMonitor, route, virtual_pool
 from gateway.bench.workloads import Job, Outcome, Workload
 from gateway.config import Role, Routing
 from gateway.policy import load_against_crossover
-from gateway.pool import Ask, Lease, Pool, SessionActivity
+from gateway.pool import Ask, Lease, Pool
+from gateway.sessions import SessionActivity
 from gateway.sim.profile import Profile
 from gateway.sim.virtual import VirtualSim
 from gateway.turns.decision import NEVER, LoadSignal, PairMemory, TurnRules, decide_turn
@@ -56,7 +57,9 @@ class TurnModel:
     """How a turn is done and what it costs (see the module docstring)."""
 
     cost_s: float = MEASURED_TURN_COST_S
-    running: Literal["continue", "finish"] = "continue"
+    # continue: running streams go on on the incoming server; finish: they end where they run
+    # (within finish_bound_s); finish-back: finish on the way back to MTP only (a draining burst)
+    running: Literal["continue", "finish", "finish-back"] = "continue"
     finish_bound_s: float = FINISH_BOUND_S
     crossover: int | None = None  # in the load signal's unit; None: calibrated per workload
     first_holder: Role = "mtp"
@@ -172,11 +175,13 @@ class _Clients:
 
 # --- the turns controller in virtual time -----------------------------------------------------
 
-def reusable_context(sessions: SessionActivity, last_prompt: Mapping[str, int]) -> int:
+def reusable_context(sessions: SessionActivity, last_prompt: Mapping[str, int], now: float,
+                     idle_s: float) -> int:
     """The cache a release throws away that the traffic would reuse: the last prompt of every
-    session at work (in flight, or idle for less than session_idle_s: its next turn extends
-    it). One-off prompts are never hit again, so they count nothing."""
-    return sum(last_prompt.get(s, 0) for s in (*sessions.in_flight, *sessions.idle_since))
+    session at work (in flight, or idle for at most ``idle_s``: its next turn extends it).
+    One-off prompts are never hit again, so they count nothing."""
+    idle = [s for s, since in sessions.idle_since.items() if now - since <= idle_s]
+    return sum(last_prompt.get(s, 0) for s in (*sessions.in_flight, *idle))
 
 
 class _TurnFlights(Flights):
@@ -244,7 +249,8 @@ class TurnsController:
         return [f for f in self.flights.live.values() if f.lease.backend is backend]
 
     def _sessions_context(self) -> int:
-        return reusable_context(self.pair.sessions, self.session_prompt)
+        return reusable_context(self.pair.sessions, self.session_prompt, self.sim.now,
+                                self.routing.session_idle_s)
 
     def evaluate(self) -> None:
         if self.turning is not None:
@@ -293,7 +299,8 @@ class TurnsController:
             self.flights.continue_on(flight, incoming)
         turn.moved_unstarted = len(unstarted)
         turn.finished_first = len(flights) - len(unstarted)  # less those continued at release
-        if self.model.running == "finish" and any(f.lease.started for f in flights):
+        finish = self.model.running == "finish" or (self.model.running == "finish-back" and to == "mtp")
+        if finish and any(f.lease.started for f in flights):
             deadline = self.sim.now + self.model.finish_bound_s
             self._await_finish(deadline)
             return

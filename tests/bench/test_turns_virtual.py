@@ -19,7 +19,7 @@ from gateway.bench.turns_virtual import (
 from gateway.bench.workloads import make_workload
 from gateway.cli import main
 from gateway.config import Routing
-from gateway.pool import SessionActivity
+from gateway.sessions import SessionActivity
 from gateway.sim.profile import packaged_timings, single_profile
 
 ROUTING = Routing()
@@ -182,10 +182,23 @@ def test_bench_sim_schedule_rejects_a_bad_schedule(capsys):
 def test_a_turn_throws_away_the_context_of_the_sessions_at_work_only():
     sessions = SessionActivity()
     last_prompt = {"a": 6000, "b": 4000, "gone": 9000}
-    sessions.begin("gone")
+    sessions.begin("gone", now=0.0, idle_s=6.0)
     sessions.end("gone", now=0.0, idle_s=6.0)
-    sessions.begin("a")  # in flight
-    sessions.begin("b")
-    sessions.end("b", now=10.0, idle_s=6.0)  # between two turns: still at work; "gone" idle 10 s
-    assert reusable_context(sessions, last_prompt) == 10_000
-    assert reusable_context(SessionActivity(), last_prompt) == 0  # one-off prompts cost nothing
+    sessions.begin("a", now=9.0, idle_s=6.0)  # in flight
+    sessions.begin("b", now=9.0, idle_s=6.0)
+    sessions.end("b", now=9.0, idle_s=6.0)  # between two turns: still at work
+    # at 10 s "gone" has been idle 10 s: no longer at work
+    assert reusable_context(sessions, last_prompt, now=10.0, idle_s=6.0) == 10_000
+    assert reusable_context(sessions, last_prompt, now=16.0, idle_s=6.0) == 6_000
+    assert reusable_context(SessionActivity(), last_prompt, now=10.0, idle_s=6.0) == 0
+
+
+def test_finish_back_continues_on_the_way_to_plain_and_finishes_on_the_way_back():
+    run = run_pair(phases=[Phase(8, 20.0), Phase(96, 40.0), Phase(2, 60.0)], max_tokens=None,
+                   running="finish-back")
+    up, back = run.turns[0], run.turns[1]
+    assert (up.to, back.to) == ("plain", "mtp")
+    assert up.continued > 0 and up.released_at == up.start
+    assert back.continued == 0 and back.finished_first > 0 and back.released_at > back.start
+    assert all(r.ok for r in run.records) and {r.tokens for r in run.records} == {1000}
+    assert_never_both_holding(run)
