@@ -28,7 +28,9 @@ _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry, pool: Pool) -> None:
-        disable_created_metrics()  # `_created` series double the scrape for no dashboard's use
+        # `_created` series double the scrape for no dashboard's use (prometheus_client leaves
+        # this function untyped).
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
         self.requests = Counter("gateway_requests", "Routing decisions by backend and reason.",
                                 ["backend", "reason"], registry=registry)
@@ -183,7 +185,7 @@ class PoolCollector(Collector):
                                 if by_sessions else None),
                                ("session_crossover",
                                 routing.session_crossover if by_sessions else None)):
-                if value is not None:
+                if isinstance(value, int | float):  # None: not known (not learning, no sessions)
                     families[key].add_metric(self._values(pair.name, []), value)
             for role, value in learning["throughput"].items():  # type: ignore[attr-defined]
                 if value is not None:

@@ -21,7 +21,7 @@ import contextlib
 import inspect
 import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,7 +192,9 @@ def gateway_http_protocol(max_head_bytes: int, path: HttpPath | None = None,
                 if with_writer and cycle is not None and cycle.scope is self.scope:
                     # Made just now (no upgrade): its task has not run yet, so the app sees
                     # the scope with the writer in it.
-                    self.scope.setdefault("extensions", {})[CLIENT_WRITER] = BodyWriter(cycle)
+                    # (ASGI's types say an extension is a dict; this one is the writer itself.)
+                    extensions = self.scope.setdefault("extensions", {})
+                    extensions[CLIENT_WRITER] = BodyWriter(cycle)  # type: ignore[assignment]
 
         def on_body(self, body: bytes) -> None:
             if not self._refused:
@@ -224,13 +226,13 @@ def gateway_http_protocol(max_head_bytes: int, path: HttpPath | None = None,
     return GatewayHttpProtocol, max_head_bytes
 
 
-def uvicorn_config(app: object, settings: Settings, log_level: str) -> uvicorn.Config:
+def uvicorn_config(app: Callable[..., Any], settings: Settings, log_level: str) -> uvicorn.Config:
     path = check_uvicorn()
     (log.info if path.name == FAST else log.warning)("%s", path.describe())
     http, h11_limit = gateway_http_protocol(settings.limits.max_header_bytes, path)
     return uvicorn.Config(
         app, host=settings.listen.host, port=settings.listen.port, log_level=log_level,
-        http=http, h11_max_incomplete_event_size=h11_limit,  # type: ignore[arg-type]
+        http=http, h11_max_incomplete_event_size=h11_limit,
         access_log=False,  # a log line per request costs more than relaying it
         # A float: int() made 1.5 s one second, and any grace under 1 s "wait forever".
         timeout_graceful_shutdown=settings.timeouts.shutdown_grace_s,  # type: ignore[arg-type]

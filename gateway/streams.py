@@ -68,15 +68,13 @@ def event_error(api: str, event: bytes) -> tuple[int, str] | None:
             return None
         payload = _json(data_of(event))
         if api == ANTHROPIC:
-            error = payload.get("error") if isinstance(payload.get("error"), dict) else {}
-            return ANTHROPIC_STATUS.get(error.get("type"), 502), str(error.get("message", ""))
-        response = payload.get("response") if isinstance(payload.get("response"), dict) else {}
-        error = response.get("error") if isinstance(response.get("error"), dict) else {}
+            error = _dict(payload.get("error"))
+            return ANTHROPIC_STATUS.get(error.get("type", ""), 502), str(error.get("message", ""))
+        error = _dict(_dict(payload.get("response")).get("error"))
         return 502, str(error.get("message") or "response failed")
     data = data_of(event).lstrip()
     if data.startswith(b'{"error"'):
-        error = _json(data).get("error")
-        error = error if isinstance(error, dict) else {}
+        error = _dict(_json(data).get("error"))
         return _status(error.get("code")), str(error.get("message", ""))
     if b'"finish_reason":{"type":"abort"' in data and b'"status_code"' in data:
         # /generate streams SGLang's own output dicts: an abort with a status is its error.
@@ -96,6 +94,11 @@ def _json(data: bytes) -> dict[str, Any]:
         value = json.loads(data)
     except ValueError:
         return {}
+    return _dict(value)
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else an empty one (an error event's parts may be anything)."""
     return value if isinstance(value, dict) else {}
 
 
