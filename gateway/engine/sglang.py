@@ -142,8 +142,9 @@ def parse_loads(loads: Any) -> tuple[int, int] | None:
 ALL_TAGS = b'{"tags":null}'
 # A short greedy generation to read the accept length after a resume into MTP: with drafts
 # that came back wrong (sglang #31674) it is ~1.0, with good ones near its usual value.
+# Streamed: each event's meta_info carries the request's figures so far, the last one all.
 SPECULATION_PROBE = json.dumps({
-    "text": "Count from one to twenty: one, two, three,",
+    "text": "Count from one to twenty: one, two, three,", "stream": True,
     "sampling_params": {"max_new_tokens": 32, "temperature": 0.0}}).encode()
 
 
@@ -214,9 +215,11 @@ class MemorySaver:
                                         self._user)
         if status != 200:
             raise CallFailed("error", f"{self.name} /generate answered {status}")
+        events = [line[5:].strip() for line in body.split(b"\n") if line.startswith(b"data:")]
+        events = [event for event in events if event and event != b"[DONE]"]
         try:
-            meta = json.loads(body).get("meta_info") or {}
-        except (ValueError, AttributeError):
+            meta = json.loads(events[-1]).get("meta_info") or {}
+        except (ValueError, AttributeError, IndexError):
             raise CallFailed("error", f"{self.name} /generate: not SGLang's answer") from None
         value = meta.get("spec_accept_length")
         return float(value) if isinstance(value, int | float) else None

@@ -62,6 +62,12 @@ class Streams(Protocol):
         """End every request still on `source` with an error in its API's shape; how many."""
         ...
 
+    async def hand_off(self, source: BackendState, target: BackendState, *,
+                       timeout_s: float = 10.0) -> Any:
+        """Continue `source`'s running streams on `target` from what their clients have
+        (gateway/handover.py); those that cannot be stay on `source`."""
+        ...
+
 
 class TurnEvents(Protocol):
     """Where a driver reports (gateway/turns/metrics.py)."""
@@ -310,7 +316,13 @@ class PairDriver:
                 if moved:
                     log.info("pair %s: %d unstarted streams moved %s -> %s", self.name, moved,
                              source.name, target.name)
+            case "end_streams":
+                ended = self.streams.end_running(source, "memory_turn")
+                if ended:
+                    log.warning("pair %s: %d streams waiting on %s, which does not hold the "
+                                "memory, ended with an error", self.name, ended, source.name)
             case "running_streams":
+                await self._hand_off(source, target)
                 await self._running_streams(source)
             case "pause":
                 await saver.pause(turns.call_timeout_s)
@@ -327,6 +339,17 @@ class PairDriver:
                                   f"{saver.name} /ready not 200 within {turns.ready_within_s:g} s")
             case "check_speculation":
                 await self._check_speculation(saver)
+
+    async def _hand_off(self, source: BackendState, target: BackendState) -> None:
+        """Running streams that can be continued go on on the incoming server. It is paused:
+        their continuations wait in its tokenizer and their first events come after its
+        resume, so this does not wait for them (timeout 0); each leaves `source` at once."""
+        if not source.inflight:
+            return
+        result = await self.streams.hand_off(source, target, timeout_s=0)
+        staying = sum(getattr(result, "staying", {}).values())
+        log.info("pair %s: running streams on %s handed to %s (%d staying: %s)", self.name,
+                 source.name, target.name, staying, getattr(result, "staying", {}))
 
     async def _running_streams(self, source: BackendState) -> None:
         """Running streams finish first within `finish_within_s`, this gateway's and (by the

@@ -38,7 +38,8 @@ MEMORIES: tuple[Memory, ...] = Memory.__args__  # type: ignore[attr-defined]
 Phase = Literal["discovering", "settling", "holding", "handing", "stuck"]
 PHASES: tuple[Phase, ...] = Phase.__args__  # type: ignore[attr-defined]
 Action = Literal["stop_admitting", "move_unstarted", "running_streams", "pause", "release",
-                 "check_memory", "resume", "continue", "check_ready", "check_speculation"]
+                 "check_memory", "resume", "continue", "check_ready", "check_speculation",
+                 "end_streams"]
 ACTIONS: tuple[Action, ...] = Action.__args__  # type: ignore[attr-defined]
 # How a step can fail: an error answer, no answer in time, the server gone (connection
 # refused or reset), or a check that did not pass.
@@ -330,8 +331,10 @@ def _settle_plan(facts: Mapping[Role, Memory], probes: Mapping[Role, Probe], pre
         steps += [Step("continue", holder), Step("check_ready", holder)]
     if any(step.action == "resume" for step in steps) and holder == "mtp":
         steps.append(Step("check_speculation", holder))
-    if probes[other(holder)].alive:  # what waits on the other server comes to the holder
-        steps.append(Step("move_unstarted", other(holder)))
+    if probes[other(holder)].alive:  # what waits on the other server comes to the holder;
+        # what was continued there (a hand-off at a failed turn) cannot go on: it ends, in
+        # its API's shape, rather than wait on a server that will not serve
+        steps += [Step("move_unstarted", other(holder)), Step("end_streams", other(holder))]
     return tuple(steps), holder, ""
 
 

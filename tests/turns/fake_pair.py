@@ -136,7 +136,8 @@ class FakeServer:
     async def generate(self, request: Request) -> Response:
         await self.unpaused.wait()
         meta = {} if self.accept_length is None else {"spec_accept_length": self.accept_length}
-        return JSONResponse({"text": "one", "meta_info": meta})
+        event = json.dumps({"text": "one", "meta_info": meta}).encode()
+        return Response(b"data: " + event + b"\n\ndata: [DONE]\n\n", media_type="text/event-stream")
 
     async def chat(self, request: Request) -> Response:
         body = await request.json()

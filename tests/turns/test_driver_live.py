@@ -36,7 +36,9 @@ async def gateway(urls: dict[str, str], **turns: Any) -> AsyncIterator[tuple[Any
     settings = build_settings({
         "backends": {role: {"url": url} for role, url in urls.items()}, "memory": "turns",
         "routing": ROUTING, "turns": {**TURNS, **turns}, "monitor": {"interval_s": 0.05},
-        "log": {"access": False}})
+        # the fake serves no continuation (no /tokenize, no splice-able answer): running
+        # streams finish first here; the hand-off at a turn is tested on the simulator
+        "handoff": {"at_turn": False}, "log": {"access": False}})
     app = create_app(settings, registry=CollectorRegistry())
     async with serve_app(app) as url:
         yield app.state.runtime, url
@@ -274,3 +276,19 @@ async def test_arrivals_past_the_waiting_rooms_bounds_get_a_503_in_their_apis_sh
             assert why in error["error"]["message"], error
         assert metric(metrics, "gateway_rejected_total", reason="memory_turn") == 2
         assert runtime.pool.concurrency == 0 and device.deaths == []
+
+
+@pytest.mark.timeout(30)
+async def test_mtp_resumed_with_drafts_that_no_longer_pay_serves_and_says_so():
+    async with fake_pair("plain", accept_length=1.0) as (device, servers, urls), \
+            gateway(urls) as (runtime, url):
+        await holding(runtime, "plain")  # quiet: the memory goes to MTP, whose drafts fail
+        await wait_until(lambda: driver(runtime).state.speculation_lost, timeout=10)
+        await holding(runtime, "mtp")  # it still serves: correct answers, only slower
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            assert await stream(client) == "whole"
+            metrics = (await client.get("/metrics")).text
+        assert metric(metrics, "gateway_memory_turns_total", outcome="done_speculation_lost") == 1
+        assert metric(metrics, "gateway_memory_turn_failures_total", step="check_speculation",
+                      kind="check") == 1
+        assert "sglang #31674" in driver(runtime).describe()["last_failure"]["detail"]

@@ -70,9 +70,10 @@ def test_a_fresh_gateway_admits_nowhere_until_discovery():
 def test_discovery_without_a_journal_finds_the_ready_server_holding():
     state = discovered(initial(0.0), {"mtp": PAUSED, "plain": READY}, "mtp", 1.0)
     # plain serves; what waits on the paused mtp server comes over, then plain admits
-    assert state.phase == "settling" and state.plan == (Step("move_unstarted", "mtp"),)
+    assert state.phase == "settling"
+    assert state.plan == (Step("move_unstarted", "mtp"), Step("end_streams", "mtp"))
     assert dict(state.memory) == {"mtp": "released", "plain": "held"}
-    state = step_done(state, 1.5)
+    state = step_done(step_done(state, 1.5), 1.6)
     assert state.phase == "holding" and state.admitting == "plain"
 
 
@@ -127,7 +128,7 @@ def test_a_failure_before_the_release_rolls_back_to_the_source(action):
     assert state.failure is not None and state.failure.step.action == action
     state = discovered(state, {"mtp": PAUSED, "plain": PAUSED}, "plain", 3.0)
     assert [str(s) for s in state.plan] == ["continue(mtp)", "check_ready(mtp)",
-                                            "move_unstarted(plain)"]
+                                            "move_unstarted(plain)", "end_streams(plain)"]
     assert finish(state).admitting == "mtp"
 
 
@@ -198,7 +199,8 @@ def test_a_resume_that_never_answers_leaves_that_server_alone():
                         "timeout", "no answer", 2.0)
     state = discovered(state, {"mtp": PAUSED, "plain": STUCK_IN_CALL}, "plain", 3.0)
     assert dict(state.memory) == {"mtp": "released", "plain": "hung"}
-    assert all(step.role == "mtp" or step.action == "move_unstarted" for step in state.plan)
+    assert all(step.role == "mtp" or step.action in ("move_unstarted", "end_streams")
+               for step in state.plan)
     assert finish(state).admitting == "mtp"
 
 
@@ -319,5 +321,6 @@ def test_a_bad_journal_is_nothing_known():
 
 
 def test_every_action_is_in_some_plan():
-    seen = {s.action for s in turn_plan("plain", "mtp")}
+    settle = discovered(initial(0.0), {"mtp": PAUSED, "plain": READY}, "mtp", 1.0).plan
+    seen = {s.action for s in (*turn_plan("plain", "mtp"), *settle)}
     assert seen == set(ACTIONS)

@@ -59,7 +59,7 @@ class Overlap:
 
 
 @contextlib.asynccontextmanager
-async def turns_demo(speed: float = 200, **turns: Any
+async def turns_demo(speed: float = 200, handoff: bool = True, **turns: Any
                      ) -> AsyncIterator[tuple[SimPair, LiveGateway, Overlap]]:
     """What `mtp-gateway demo --memory turns` runs, on port 0."""
     async with start_sim_pair(SimOptions(speed=speed, memory="turns")) as pair:
@@ -67,7 +67,8 @@ async def turns_demo(speed: float = 200, **turns: Any
         settings = build_settings({
             "backends": {name: {"url": url} for name, url in pair.urls.items()},
             "memory": "turns", "routing": ROUTING, "turns": {**TURNS, **turns},
-            "monitor": {"interval_s": 0.05}, "log": {"access": False}})
+            "monitor": {"interval_s": 0.05}, "handoff": {"at_turn": handoff},
+            "log": {"access": False}})
         app = create_app(settings, registry=CollectorRegistry())
         async with serve_app(app) as url:
             yield pair, LiveGateway(app, url), overlap
@@ -143,13 +144,20 @@ async def test_a_resume_that_never_answers_leaves_the_pair_serving_on_mtp():
                 await direct.post("/resume_memory_occupation", json={}, timeout=0.5)
         assert pair.servers["plain"].saver.hung
         oai = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
-        results = await asyncio.gather(*(openai_stream(oai) for _ in range(12)))  # wants plain
+        async def whole_or_error() -> str:
+            try:
+                return await openai_stream(oai)
+            except openai.APIError as exc:  # it waited on plain, which will not serve: ended
+                return f"error {exc.message[:40]}"
+
+        results = await asyncio.gather(*(whole_or_error() for _ in range(12)))  # wants plain
         await wait_until(lambda: memory_of(gateway).failure is not None
                          and memory_of(gateway).phase == "holding", timeout=15)
         state = memory_of(gateway)
         assert str(state.failure.step) == "resume(plain)" and state.failure.kind == "timeout"
         assert state.holder == "mtp" and state.of("plain") == "hung"
-        assert results == ["whole"] * 12 and await openai_stream(oai) == "whole"
+        assert all(r == "whole" or r.startswith("error backend 'plain' handed") for r in results)
+        assert await openai_stream(oai) == "whole"
         mtp = pair.servers["mtp"].saver
         assert not mtp.dead and not mtp.hung and overlap.most == 1
         await wait_until(lambda: gateway.pool.concurrency == 0, timeout=5)
@@ -157,7 +165,8 @@ async def test_a_resume_that_never_answers_leaves_the_pair_serving_on_mtp():
 
 @pytest.mark.timeout(60)
 async def test_the_holder_dying_mid_turn_hands_the_memory_to_the_other():
-    async with turns_demo(speed=20) as (pair, gateway, overlap):
+    # running streams finish first here (no hand-off), so the death comes while they run
+    async with turns_demo(speed=20, handoff=False) as (pair, gateway, overlap):
         await wait_until(lambda: memory_of(gateway).phase == "holding", timeout=15)
         oai = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
 
@@ -179,8 +188,45 @@ async def test_the_holder_dying_mid_turn_hands_the_memory_to_the_other():
         ended = await asyncio.gather(*long_ones)
         await wait_until(lambda: memory_of(gateway).phase == "holding"
                          and memory_of(gateway).holder == "plain", timeout=15)
-        assert all(result.startswith("error") for result in ended), ended
+        # those running on MTP end with an error; any not started yet moved to plain, whole
+        assert all(r == "whole" or r.startswith("error") for r in ended), ended
+        assert any(r.startswith("error") for r in ended), ended
         assert await openai_stream(oai) == "whole"  # plain serves
         assert memory_of(gateway).of("mtp") == "gone" and overlap.most == 1
         assert not pair.servers["plain"].saver.dead and not pair.servers["plain"].saver.hung
+        await wait_until(lambda: gateway.pool.concurrency == 0, timeout=5)
+
+
+@pytest.mark.timeout(60)
+async def test_running_streams_continue_on_the_incoming_server_at_a_turn():
+    async with turns_demo(speed=20) as (pair, gateway, overlap):
+        await wait_until(lambda: memory_of(gateway).phase == "holding", timeout=15)
+        oai = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
+
+        async def long_stream() -> int:
+            stream = await oai.chat.completions.create(
+                model=SERVED, stream=True, max_tokens=300, stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True}, messages=[{"role": "user", "content": "go on"}])
+            usage, finishes = None, []
+            async for chunk in stream:
+                finishes += [c.finish_reason for c in chunk.choices if c.finish_reason]
+                usage = chunk.usage or usage
+            assert finishes == ["length"] and usage is not None  # one stream, one end
+            return usage.completion_tokens
+
+        running = [asyncio.create_task(long_stream()) for _ in range(ROUTING["crossover"] - 1)]
+        mtp = gateway.pool.backends["mtp"]
+        await wait_until(lambda: mtp.inflight == len(running) and mtp.not_started == 0,
+                         timeout=15)  # all streaming on MTP
+        tokens = await asyncio.gather(long_stream(), *running)  # the crossover: a turn
+        await wait_until(lambda: memory_of(gateway).holder == "plain", timeout=15)
+        async with httpx.AsyncClient(base_url=gateway.url) as client:
+            metrics = (await client.get("/metrics")).text
+        assert tokens == [300] * ROUTING["crossover"]  # the whole answer, across the seam
+        continued = [line for line in metrics.splitlines() if line.startswith(
+            "gateway_continued_requests_total{") and 'cause="turn"' in line]
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in continued) >= len(running)
+        assert overlap.most == 1
+        for server in pair.servers.values():
+            assert not server.saver.dead and not server.saver.hung
         await wait_until(lambda: gateway.pool.concurrency == 0, timeout=5)
