@@ -82,7 +82,7 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
     as one)."""
     watchdog, feed, recent = exchange.watchdog, exchange.framer.feed, exchange.recent
     mark = error_mark(exchange.inbound.path, exchange.inbound.api) if stop_at_error else None
-    if mark is not None and mark in first:  # the attempt may have read it all at once
+    if mark is not None and first.find(mark) >= 0:  # the attempt may have read it all at once
         first = _before_error(exchange, first, response)
     if first:  # already framed (the attempt read it): kept, and sent by `send`
         recent.append(first)
@@ -94,7 +94,9 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
         the fast path (returned for `send` on the other)."""
         watchdog.got_bytes()
         events = feed(chunk)
-        if mark is not None and (mark in events or exchange.stream_error is not None):
+        # find, not `in`: bytes' `in` first tries its operand as an integer and builds and
+        # drops a TypeError (1,100 instructions, on every piece of every stream).
+        if mark is not None and (events.find(mark) >= 0 or exchange.stream_error is not None):
             events = _before_error(exchange, events, response)
         if events:
             recent.append(events)  # all kept: a continuation's transcript

@@ -119,7 +119,7 @@ def ends_in_error(api: str, recent: bytes) -> bool:
     """The stream that just ended reported an error of its own near its end. The anchored
     pattern has no literal prefix to skip ahead by (it tries every byte, ~65k instructions for
     a stream's last events): it runs only where its text is."""
-    if (_ERROR_EVENT.get(api) or _OPENAI_ERROR_TEXT) not in recent:
+    if recent.find(_ERROR_EVENT.get(api) or _OPENAI_ERROR_TEXT) < 0:
         return False
     return (_ENDS_IN_ERROR.get(api) or _OPENAI_ERROR).search(recent) is not None
 
