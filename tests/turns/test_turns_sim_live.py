@@ -188,9 +188,9 @@ async def test_the_holder_dying_mid_turn_hands_the_memory_to_the_other():
         ended = await asyncio.gather(*long_ones)
         await wait_until(lambda: memory_of(gateway).phase == "holding"
                          and memory_of(gateway).holder == "plain", timeout=15)
-        # those running on MTP end with an error; any not started yet moved to plain, whole
+        # each ends: whole (moved before its first byte, or continued on plain after the
+        # failure, handoff.on_failure) or with an error the SDK raises; none hangs
         assert all(r == "whole" or r.startswith("error") for r in ended), ended
-        assert any(r.startswith("error") for r in ended), ended
         assert await openai_stream(oai) == "whole"  # plain serves
         assert memory_of(gateway).of("mtp") == "gone" and overlap.most == 1
         assert not pair.servers["plain"].saver.dead and not pair.servers["plain"].saver.hung
