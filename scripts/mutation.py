@@ -33,7 +33,12 @@ MODULES: dict[str, list[str]] = {
     "inbound": ["tests/test_inbound.py"],
     "sse": ["tests/test_sse.py"],
     "backends": ["tests/test_backends.py"],
-    "pool": ["tests/test_pool.py"],
+    # The pool, split by the relay split (issue 18) into pool, sessions, leases, pair_state:
+    # each against the pool's unit tests (test_load is the leases' oldest).
+    "pool": ["tests/test_pool.py", "tests/test_load.py", "tests/test_placement.py"],
+    "sessions": ["tests/test_sessions.py", "tests/test_pool.py", "tests/test_placement.py"],
+    "leases": ["tests/test_load.py", "tests/test_pool.py", "tests/test_adaptive.py"],
+    "pair_state": ["tests/test_pool.py", "tests/test_adaptive.py"],
 }
 
 # A mutant whose tests never finish is caught too: the suite's pytest-timeout fails it in CI.
