@@ -35,7 +35,8 @@ MODULES: dict[str, list[str]] = {
     "backends": ["tests/test_backends.py"],
     # The pool, split by the relay split (issue 18) into pool, sessions, leases, pair_state:
     # each against the pool's unit tests (test_load is the leases' oldest).
-    "pool": ["tests/test_pool.py", "tests/test_load.py", "tests/test_placement.py"],
+    "pool": ["tests/test_pool.py", "tests/test_load.py", "tests/test_placement.py",
+             "tests/turns/test_pool_gate.py"],
     "sessions": ["tests/test_sessions.py", "tests/test_pool.py", "tests/test_placement.py"],
     "leases": ["tests/test_load.py", "tests/test_pool.py", "tests/test_adaptive.py"],
     "pair_state": ["tests/test_pool.py", "tests/test_adaptive.py"],

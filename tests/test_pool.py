@@ -380,3 +380,58 @@ def test_a_new_routing_section_reaches_every_pair_and_the_session_memory():
     p.apply_routing(settings)
     assert [pair.routing.crossover for pair in p.pairs.values()] == [40, 41]
     assert (p.sessions.capacity, p.affinity_slack) == (5, 3)
+
+
+def test_the_pool_is_built_from_the_settings_it_is_given():
+    from gateway.backends import ProbeRules
+    from gateway.config import build_settings
+
+    settings = build_settings({
+        "backends": {"mtp": {"url": "http://m", "api_key": "k"}, "plain": {"url": "http://p"}},
+        "monitor": {"fall": 4, "rise": 3, "circuit_failures": 7, "circuit_open_s": 12.5,
+                    "use_backend_loads": True, "backend_loads_max_age_s": 1.5},
+        "routing": {"pair_affinity_slack": 2, "max_sessions": 9, "crossover": 20}})
+    p = Pool.from_settings(settings, now=4.0)
+    mtp = p.backends["mtp"]
+    assert (mtp.circuit_rules, mtp.probe_rules) == (CircuitRules(7, 12.5), ProbeRules(4, 3))
+    assert (mtp.target.url, mtp.target.api_key, p.backends["plain"].target.url) == (
+        "http://m", "k", "http://p")
+    assert (p.use_backend_loads, p.loads_max_age_s, p.affinity_slack, p.sessions.capacity) == (
+        True, 1.5, 2, 9)
+    assert (p.pairs["default"].routing.crossover, p.pairs["default"].mode_since) == (20, 4.0)
+
+
+def test_a_holder_placement_says_so():
+    p = pool(2)
+    placement = p.place(Ask(holder="p1/plain"), 1.0)
+    assert placement.pair_choice == PairChoice("p1", "holder")
+    assert (placement.backend.name, placement.decision.reason) == ("p1/plain", "pinned")
+
+
+def test_inside_the_band_a_session_stays_on_the_server_that_holds_its_prefix():
+    routing = Routing(crossover=24, hysteresis=6, load_signal="requests", session_affinity=True)
+    p = pool(routing=routing)
+    admit(p, 1.0, session="a", pin="plain").end(Outcome.SUCCESS, 1.0)  # a's prefix: plain
+    busy = [admit(p, 1.0) for _ in range(20)]  # 20 in flight, inside the band (18, 24)
+    assert {lease.backend.name for lease in busy} == {"mtp"}
+    assert (admit(p, 1.0, session="a").backend.name, p.place(Ask(session="a"), 1.0).decision.reason) \
+        == ("plain", "session_affinity")
+    assert p.place(Ask(session="b"), 1.0).backend.name == "mtp"  # no prefix anywhere: the mode
+
+
+def test_a_retry_leaves_out_a_pair_whose_servers_all_failed():
+    p = pool(2)
+    placement = p.place(Ask(), 1.0, exclude=["p0/mtp", "p0/plain"])
+    assert placement.pair_choice.pair == "p1" and placement.backend.pair == "p1"
+
+
+def test_the_view_carries_the_cap_and_no_backend_keeps_when_the_mode_began():
+    p = pool()
+    p.backends["mtp"].record_server_info(8, None)
+    assert p.view(p.backends["mtp"], 1.0).effective_cap == 8
+    busy = pool()
+    busy.pairs["p0"].mode_since = 0.5
+    for backend in busy.backends.values():
+        backend.up = False
+    placement = busy.place(Ask(), 2.0)
+    assert (placement.decision.mode, placement.decision.mode_since) == ("mtp", 0.5)

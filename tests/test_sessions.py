@@ -36,3 +36,30 @@ def test_a_snapshot_and_a_metrics_scrape_leave_the_pool_as_it_was() -> None:
     # The scrape reads at the monotonic clock, long after both ended: none at work.
     assert "gateway_sessions_at_work 0.0" in generate_latest(registry).decode()
     assert list(pair.sessions.idle_since) == ["a", "b"]  # neither read forgot them
+
+
+def test_the_end_of_a_session_never_begun_changes_nothing() -> None:
+    sessions = SessionActivity()
+    sessions.end("x", 1.0, 6.0)
+    sessions.end(None, 1.0, 6.0)
+    assert (sessions.requests, sessions.at_work(1.0, 6.0)) == (0, 0)
+
+
+def test_a_write_forgets_only_sessions_idle_longer_than_idle_s() -> None:
+    sessions = SessionActivity()
+    sessions.begin("a", 0.0, 6.0)
+    sessions.end("a", 0.0, 6.0)
+    sessions.begin("b", 6.0, 6.0)  # a idle exactly 6 s: still at work, as a read counts it
+    assert sessions.at_work(6.0, 6.0) == 2 and list(sessions.idle_since) == ["a"]
+
+
+def test_the_session_map_keeps_as_many_as_its_capacity() -> None:
+    from gateway.sessions import SessionMap
+
+    one = SessionMap(1)
+    one.put("a", "mtp")
+    assert one.get("a") == "mtp"
+    one.put(None, "plain")  # no key: nothing remembered, nothing forgotten
+    assert len(one) == 1 and one.get("a") == "mtp"
+    one.put("b", "plain")
+    assert (one.get("a"), one.get("b"), len(one)) == (None, "plain", 1)
