@@ -11,8 +11,8 @@ import secrets
 from typing import Any
 
 from gateway.config import Backend
+from gateway.engine.probe import FailureKind, Probe
 from gateway.errors import GatewayError, UpstreamConnectError, UpstreamTimeout
-from gateway.turns.state import FailureKind, Probe
 from gateway.upstream import Header, Upstream
 
 log = logging.getLogger("mtp_gateway.relay")

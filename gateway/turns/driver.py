@@ -24,12 +24,12 @@ from typing import Any, Protocol
 
 from gateway.backends import BackendState
 from gateway.config import ROLES, Role, Turns
+from gateway.engine.probe import Probe
 from gateway.engine.sglang import CallFailed, MemorySaver
 from gateway.turns import nvml
 from gateway.turns.state import (
     PairMemory,
     Phase,
-    Probe,
     Step,
     begin_turn,
     can_turn_to,

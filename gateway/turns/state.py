@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from gateway.config import ROLES, Role
+from gateway.engine.probe import FailureKind, Probe
 
 Memory = Literal["held", "released", "releasing", "resuming", "unknown", "gone", "hung"]
 MEMORIES: tuple[Memory, ...] = Memory.__args__  # type: ignore[attr-defined]
@@ -41,9 +42,6 @@ Action = Literal["stop_admitting", "move_unstarted", "running_streams", "pause",
                  "check_memory", "resume", "continue", "check_ready", "check_speculation",
                  "end_streams"]
 ACTIONS: tuple[Action, ...] = Action.__args__  # type: ignore[attr-defined]
-# How a step can fail: an error answer, no answer in time, the server gone (connection
-# refused or reset), or a check that did not pass.
-FailureKind = Literal["error", "timeout", "gone", "check"]
 FAILURE_KINDS: tuple[FailureKind, ...] = FailureKind.__args__  # type: ignore[attr-defined]
 SETTLE_ATTEMPTS = 3  # plans in a row that failed before the pair is stuck (retried slowly)
 
@@ -67,19 +65,6 @@ class Failure:
     kind: FailureKind
     detail: str
     at: float
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """One server, probed: /ping 200 (the process serves HTTP), /ready 200 (not paused, takes
-    requests), and whether its scheduler answered /server_info in time (it is not stuck in a
-    control call: SGLang's scheduler takes control requests in order, so an answer after a
-    release or resume was sent means that call has finished)."""
-
-    alive: bool
-    ready: bool = False
-    scheduler_answers: bool = False
-    memory_saver: bool | None = None  # /server_info's enable_memory_saver (None: not said)
 
 
 @dataclass(frozen=True, slots=True)

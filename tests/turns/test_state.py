@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.engine.probe import Probe
 from gateway.turns.state import (
     ACTIONS,
     SETTLE_ATTEMPTS,
     PairMemory,
-    Probe,
     Step,
     begin_turn,
     can_turn_to,

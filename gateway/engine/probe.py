@@ -1,0 +1,24 @@
+"""What the gateway learns of one inference server when it probes it, in no engine's words:
+the engine modules report it, the turns state machine (gateway/turns/state.py) decides on it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# How a control call can fail: an error answer, no answer in time, the server gone (connection
+# refused or reset), or a check that did not pass.
+FailureKind = Literal["error", "timeout", "gone", "check"]
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One server, probed: /ping 200 (the process serves HTTP), /ready 200 (not paused, takes
+    requests), and whether its scheduler answered /server_info in time (it is not stuck in a
+    control call: SGLang's scheduler takes control requests in order, so an answer after a
+    release or resume was sent means that call has finished)."""
+
+    alive: bool
+    ready: bool = False
+    scheduler_answers: bool = False
+    memory_saver: bool | None = None  # /server_info's enable_memory_saver (None: not said)
