@@ -252,7 +252,8 @@ class UpstreamConnection(asyncio.Protocol):
         server = self.server
         try:
             data = json.loads(body)
-            n = int(data.get("max_tokens") or 16)
+            # sglang-router forwards the OpenAI name, max_completion_tokens
+            n = int(data.get("max_tokens") or data.get("max_completion_tokens") or 16)
             ttft = float(data.get("bench_ttft_ms", server.ttft_ms)) / 1000
             itl = float(data.get("bench_itl_ms", server.itl_ms)) / 1000
             rid = str(data.get("rid") or f"chatcmpl-{next(server.ids):032x}")
