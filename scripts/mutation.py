@@ -38,8 +38,11 @@ MODULES: dict[str, list[str]] = {
     "pool": ["tests/test_pool.py", "tests/test_load.py", "tests/test_placement.py",
              "tests/turns/test_pool_gate.py"],
     "sessions": ["tests/test_sessions.py", "tests/test_pool.py", "tests/test_placement.py"],
-    "leases": ["tests/test_load.py", "tests/test_pool.py", "tests/test_adaptive.py"],
-    "pair_state": ["tests/test_pool.py", "tests/test_adaptive.py"],
+    "leases": ["tests/test_leases.py", "tests/test_load.py", "tests/test_pool.py"],
+    "pair_state": ["tests/test_pair_state.py"],
+    "moves": ["tests/test_moves.py"],
+    "continuation/rules": ["tests/continuation/test_rules.py"],
+    "turns/decision": ["tests/turns/test_decision.py"],
 }
 
 # A mutant whose tests never finish is caught too: the suite's pytest-timeout fails it in CI.
@@ -104,7 +107,7 @@ def equivalents() -> set[str]:
 
 
 def run_module(module: str, tests: list[str], children: int, at: str | None) -> dict[str, object]:
-    with tempfile.TemporaryDirectory(prefix=f"mutation-{module}-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{module.replace('/', '.')}-") as scratch:
         workdir = Path(scratch)
         copy_tree(workdir, at)
         with open(workdir / "pyproject.toml", "a", encoding="utf-8") as config:
@@ -142,9 +145,10 @@ def main() -> int:
               f"{row['equivalent']} equivalent: {row['score']:.1%}")
         for survivor in row["survivors"]:  # type: ignore[attr-defined]
             print(f"  survived: {survivor}")
-    print("\nmodule      mutants  killed  equivalent  score")
+    width = max(len("module"), *(len(str(row["module"])) for row in rows))
+    print(f"\n{'module':<{width}} mutants  killed  equivalent  score")
     for row in rows:
-        print(f"{row['module']:<11} {row['mutants']:>7} {row['killed']:>7} {row['equivalent']:>11}"
+        print(f"{row['module']:<{width}} {row['mutants']:>7} {row['killed']:>7} {row['equivalent']:>11}"
               f"  {row['score']:.1%}")
     return 0
 

@@ -186,16 +186,6 @@ def test_the_router_samples_a_stream_with_its_mean_load() -> None:
     assert estimator.accept.rate == pytest.approx(2.0)
 
 
-def test_a_moved_stream_is_no_sample_of_either_server() -> None:
-    pool = learning_pool()
-    lease = pool.admit(Ask(), now=0.0)
-    lease.first_byte(0.0)
-    lease.move_to(pool.backends["plain"], 5.0)
-    lease.output_tokens = 500
-    lease.end(Outcome.SUCCESS, 10.0)
-    assert pool.pairs["default"].estimator.samples == 0
-
-
 def test_the_estimate_is_on_metrics() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 

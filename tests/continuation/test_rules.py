@@ -51,10 +51,36 @@ def test_a_plain_stream_of_each_api_can_be_continued():
     (MSG, {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, r.SHAPE),
     (MSG, {"messages": _USER, "thinking": {"type": "enabled", "budget_tokens": 1024}}, r.SHAPE),
     (RESP, {"input": "a", "tools": [{"type": "function", "name": "f"}]}, r.SHAPE),
+    (CMPL, {"prompt": "a", "best_of": 2}, r.SAMPLES),
+    (GEN, {"input_ids": [[1, 2], [3]]}, r.BATCH),
+    (CHAT, _chat(top_logprobs=2), r.LOGPROBS),
+    (RESP, {"input": "a", "top_logprobs": 2}, r.LOGPROBS),
+    (RESP, {"input": "a", "include": ["message.output_text.logprobs"]}, r.LOGPROBS),
+    (MSG, {"messages": _USER, "output_config": {"format": {"type": "json_schema", "schema": {}}}},
+     r.GRAMMAR),
+    (MSG, {"messages": _USER, "tool_choice": {"type": "tool", "name": "f"}}, r.GRAMMAR),
+    (RESP, {"input": "a", "tool_choice": "required"}, r.GRAMMAR),
+    (RESP, {"input": "a", "tool_choice": {"type": "function", "name": "f"}}, r.GRAMMAR),
+    (RESP, {"input": "a", "conversation": "conv_1"}, r.STORED_HISTORY),
+    (RESP, {"input": [*_USER, {"role": "assistant", "content": "so"}]}, r.ASSISTANT_LAST),
+    (MSG, {"messages": _USER, "output_config": {"effort": "high"}}, r.SHAPE),  # no format: no grammar
 ])
 def test_what_the_request_asks_decides(path: str, body: dict[str, Any], reason: str):
     clean = read(path, b"")
     assert refusal(path, body, clean) == reason
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (GEN, {"input_ids": [1, 2, 3]}),  # one prompt of token ids, not a batch
+    (CHAT, _chat(response_format={"type": "text"})),
+    (RESP, {"input": "a", "text": {"format": {"type": "text"}}}),
+    (RESP, {"input": "a", "tool_choice": "auto"}),
+    (CHAT, _chat(messages=[*_USER, {"role": "assistant", "content": "so"}],
+                 continue_final_message=True)),  # the client's own prefix, continued as such
+    (CHAT, _chat(stop=[7, ""])),  # only non-empty strings are stop strings
+])
+def test_what_the_request_allows_is_continued(path: str, body: dict[str, Any]):
+    assert refusal(path, body, read(path, b"")) is None
 
 
 def test_a_tool_call_begun_is_not_continued():

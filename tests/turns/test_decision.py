@@ -4,7 +4,15 @@ import math
 
 import pytest
 
-from gateway.turns.decision import NEVER, LoadSignal, PairMemory, TurnRules, decide_turn, wanted
+from gateway.turns.decision import (
+    NEVER,
+    LoadSignal,
+    PairMemory,
+    TurnDecision,
+    TurnRules,
+    decide_turn,
+    wanted,
+)
 
 RULES = TurnRules(turn_cost_s=1.5, dwell_turns=10, min_dwell_s=5, to_plain_after_s=0,
                   to_mtp_after_s=4, prefill_tokens_per_s=10_000)
@@ -71,3 +79,28 @@ def test_bad_rules_are_refused():
     with pytest.raises(ValueError):
         TurnRules(prefill_tokens_per_s=0)
     assert NEVER == -math.inf
+
+
+def test_each_decision_not_to_hand_over_is_the_whole_answer():
+    """What the caller keeps: no hand-over, no target, the reason, and when the load crossed
+    (kept through the confirmation and the dwell, so the dwell's end needs no new one)."""
+    load_low = LoadSignal(1, 32, 6)
+    assert decide_turn(PairMemory("mtp"), load_low, RULES, now=1.0) == TurnDecision(
+        False, None, "holder_fits", None)
+    assert decide_turn(PairMemory("plain", since=0.0), load_low, RULES, now=100.0) == TurnDecision(
+        False, None, "confirming", 100.0)
+    memory = PairMemory("plain", since=50.0, across_since=51.0)
+    assert decide_turn(memory, load_low, RULES, now=60.0) == TurnDecision(False, None, "dwell", 51.0)
+    assert decide_turn(memory, load_low, RULES, now=65.0) == TurnDecision(
+        True, "mtp", "load_below_crossover", None)
+
+
+def test_the_dwell_of_a_turn_that_recomputes_nothing_is_ten_turns_of_its_own_cost():
+    assert RULES.dwell() == 15.0
+    assert RULES.dwell(cached_tokens=10_000) == pytest.approx(25.0)
+
+
+def test_any_positive_prefill_rate_is_a_rule_and_the_refusal_says_what_is_wrong():
+    assert TurnRules(prefill_tokens_per_s=0.5).turn_cost(cached_tokens=1) == pytest.approx(3.5)
+    with pytest.raises(ValueError, match="^turn rules take non-negative times and a positive prefill rate$"):
+        TurnRules(to_mtp_after_s=-0.1)
