@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,37 +39,42 @@ def _mark(ok: bool) -> str:
     return "" if ok else " ✗"
 
 
-def level_rows(data: Mapping[str, Any]) -> list[str]:
-    """One Markdown row per turns target of a level sweep: ratio (best single) per level."""
+Level = Mapping[str, Any]  # one target's figures at one level of a sweep
+
+
+def _rows(data: Mapping[str, Any], cell: Callable[[Mapping[str, Any], list[str], int, Level], str]
+          ) -> list[str]:
+    """One Markdown row per turns target of a level sweep, `cell(results, singles, i, level)`
+    at each level i."""
     results = data["results"]
     singles = _singles(list(results))
-    rows = []
-    for pair in _pairs(list(results)):
-        cells = []
-        for i, r in enumerate(results[pair]):
-            best = max(singles, key=lambda t: results[t][i]["aggregate_tps"] or 0.0)
-            ratio = r["aggregate_tps"] / results[best][i]["aggregate_tps"]
-            cells.append(f"{ratio:.2f}{_mark(ratio >= AGGREGATE_BAR)} ({_short(best)})")
-        rows.append(cells)
-    return [" | ".join(c) for c in rows]
+    return [" | ".join(cell(results, singles, i, r) for i, r in enumerate(results[pair]))
+            for pair in _pairs(list(results))]
+
+
+def _against(ratio: float, ok: bool, best: str) -> str:
+    return f"{ratio:.2f}{_mark(ok)} ({_short(best)})"
+
+
+def level_rows(data: Mapping[str, Any]) -> list[str]:
+    """One Markdown row per turns target of a level sweep: ratio (best single) per level."""
+    def aggregate(results: Mapping[str, Any], singles: list[str], i: int, r: Level) -> str:
+        best = max(singles, key=lambda t: results[t][i]["aggregate_tps"] or 0.0)
+        ratio = r["aggregate_tps"] / results[best][i]["aggregate_tps"]
+        return _against(ratio, ratio >= AGGREGATE_BAR, best)
+    return _rows(data, aggregate)
 
 
 def latency_rows(data: Mapping[str, Any]) -> list[str]:
     """Per turns target: e2e p50 / p99 over the best single server's on each, per level."""
-    results = data["results"]
-    singles = _singles(list(results))
-    rows = []
-    for pair in _pairs(list(results)):
-        cells = []
-        for i, r in enumerate(results[pair]):
-            figures = []
-            for key in ("e2e_p50_s", "e2e_p99_s"):
-                best = min(singles, key=lambda t: results[t][i][key])
-                ratio = r[key] / results[best][i][key]
-                figures.append(f"{ratio:.2f}{_mark(ratio <= LATENCY_BAR)} ({_short(best)})")
-            cells.append(" / ".join(figures))
-        rows.append(cells)
-    return [" | ".join(c) for c in rows]
+    def latency(results: Mapping[str, Any], singles: list[str], i: int, r: Level) -> str:
+        figures = []
+        for key in ("e2e_p50_s", "e2e_p99_s"):
+            best = min(singles, key=lambda t: results[t][i][key])
+            ratio = r[key] / results[best][i][key]
+            figures.append(_against(ratio, ratio <= LATENCY_BAR, best))
+        return " / ".join(figures)
+    return _rows(data, latency)
 
 
 def level_table(paths: Sequence[str]) -> str:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from gateway.continuation.requests import Continuation, continuation
 from gateway.continuation.rules import refusal
-from gateway.continuation.splice import Seam, Splicer, splicer
+from gateway.continuation.seam import Seam, Splicer
+from gateway.continuation.splice import splicer
 from gateway.continuation.transcript import Relayed, read
 
 __all__ = ["Continuation", "Relayed", "Seam", "Splicer", "continuation", "read", "refusal",

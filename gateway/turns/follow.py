@@ -15,15 +15,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-from collections.abc import Callable, Mapping
 from typing import Any
 
-from gateway.backends import BackendState
-from gateway.config import ROLES, Role, Turns
-from gateway.engine.sglang import MemorySaver
+from gateway.config import ROLES, Role
 from gateway.errors import GatewayError
-from gateway.turns.driver import Streams
+from gateway.turns.handles import PairHandles
 from gateway.turns.state import PHASES, Phase, other
 from gateway.upstream import Upstream
 
@@ -33,27 +29,17 @@ FOLLOW_EVERY_S = 0.1
 
 
 class FollowDriver:
-    def __init__(self, name: str, backends: Mapping[Role, BackendState],
-                 savers: Mapping[Role, MemorySaver], streams: Streams, turns: Turns,
-                 upstream: Upstream, controller_url: str, *,
-                 on_change: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.name = name
-        self.backends = backends
-        self.savers = savers
-        self.streams = streams
-        self.turns = turns
+    def __init__(self, pair: PairHandles, upstream: Upstream, controller_url: str) -> None:
+        self.pair = pair
         self.upstream = upstream
         self.url = controller_url.rstrip("/") + "/turns/state"
-        self.on_change = on_change
-        self.clock = clock
         self.remote: dict[str, Any] = {"phase": "discovering", "holder": None,
                                        "admitting": None}
         self.source: Role | None = None  # the server a turn in progress leaves
         self.turn_seen_at = 0.0
         self.ended_running = False
         self.via = "controller"  # or "readiness", when the controller does not answer
-        self._park()
+        pair.park(self.admitting)
 
     # --- what the pool, the metrics and /admin/state read -------------------------------------
 
@@ -88,14 +74,14 @@ class FollowDriver:
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug must not stop following
-                log.exception("pair %s: following %s failed", self.name, self.url)
+                log.exception("pair %s: following %s failed", self.pair.name, self.url)
             await asyncio.sleep(FOLLOW_EVERY_S)
 
     async def _read(self) -> dict[str, Any]:
-        timeout = self.turns.call_timeout_s
+        timeout = self.pair.turns.call_timeout_s
         try:
             status, body = await self.upstream.request("GET", self.url, [], None, timeout)
-            pair = json.loads(body)["pairs"][self.name] if status == 200 else None
+            pair = json.loads(body)["pairs"][self.pair.name] if status == 200 else None
         except (GatewayError, ValueError, KeyError, TypeError):  # down, or not its answer
             pair = None
         if isinstance(pair, dict):
@@ -103,9 +89,9 @@ class FollowDriver:
             return pair
         if self.via == "controller":
             log.warning("pair %s: controller %s does not answer: following the servers' "
-                        "readiness", self.name, self.url)
+                        "readiness", self.pair.name, self.url)
         self.via = "readiness"
-        ready = await asyncio.gather(*(self.savers[role].ready(timeout) for role in ROLES))
+        ready = await asyncio.gather(*(self.pair.savers[role].ready(timeout) for role in ROLES))
         serving = [role for role, ok in zip(ROLES, ready, strict=True) if ok]
         holder = serving[0] if len(serving) == 1 else None
         return {"phase": "holding" if holder else "discovering", "holder": holder,
@@ -117,28 +103,23 @@ class FollowDriver:
         if self.phase == "handing" and self.source is None:
             target = remote.get("target")
             if target in ROLES:
-                self.source, self.turn_seen_at, self.ended_running = other(target), self.clock(), False
+                self.source, self.turn_seen_at, self.ended_running = other(target), self.pair.clock(), False
         if self.source is not None:
             self._hand_off(self.source)
             if self.phase != "handing":
                 self.source = None
-        self._park()
+        self.pair.park(self.admitting)
         if self.admitting != before:
-            self.on_change()
+            self.pair.on_change()
 
     def _hand_off(self, source: Role) -> None:
         """This replica's own streams on the outgoing server, as the controller does its own."""
-        outgoing, incoming = self.backends[source], self.backends[other(source)]
-        self.streams.move_all_unstarted(outgoing, incoming)
-        late = self.clock() - self.turn_seen_at >= self.turns.finish_within_s
+        outgoing, incoming = self.pair.backends[source], self.pair.backends[other(source)]
+        self.pair.streams.move_all_unstarted(outgoing, incoming)
+        late = self.pair.clock() - self.turn_seen_at >= self.pair.turns.finish_within_s
         if late and outgoing.inflight and not self.ended_running:
             self.ended_running = True
-            ended = self.streams.end_running(outgoing, "memory_turn")
+            ended = self.pair.streams.end_running(outgoing, "memory_turn")
             log.warning("pair %s: %d streams on %s did not finish within %g s of the turn: "
-                        "ended with an error", self.name, ended, outgoing.name,
-                        self.turns.finish_within_s)
-
-    def _park(self) -> None:
-        admitting = self.admitting
-        for role, backend in self.backends.items():
-            backend.set_parked(role != admitting)
+                        "ended with an error", self.pair.name, ended, outgoing.name,
+                        self.pair.turns.finish_within_s)

@@ -66,7 +66,7 @@ class _TurnsCollector(Collector):
         phase = GaugeMetricFamily("gateway_memory_phase", "A turns pair's phase (1 = now).",
                                   labels=["pair", "phase"])
         for name, driver in self.drivers().items():
-            for role, backend in driver.backends.items():
+            for role, backend in driver.pair.backends.items():
                 holder.add_metric([name, backend.name], float(driver.holder == role))
             for each in PHASES:
                 phase.add_metric([name, each], float(driver.phase == each))

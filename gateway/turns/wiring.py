@@ -16,8 +16,10 @@ from gateway.policy import load_against_crossover
 from gateway.pool import PairState, Pool
 from gateway.turns.decision import NEVER, LoadSignal, TurnRules, decide_turn, wanted
 from gateway.turns.decision import PairMemory as TurnMemory
-from gateway.turns.driver import Journal, PairDriver, Streams
+from gateway.turns.driver import PairDriver
 from gateway.turns.follow import FollowDriver
+from gateway.turns.handles import PairHandles, Streams
+from gateway.turns.journal import Journal
 from gateway.turns.metrics import TurnMetrics
 from gateway.turns.state import PairMemory
 from gateway.turns.waiting import WaitingRoom
@@ -99,15 +101,14 @@ def build_turns(settings: Settings, pool: Pool, upstream: Upstream, streams: Str
         name, pair, controller = spec.name, pool.pairs[spec.name], settings.controller_of(spec)
         savers = {role: MemorySaver(upstream, backend.target, backend.name)
                   for role, backend in pair.backends.items()}
+        handles = PairHandles(name, pair.backends, savers, streams, turns,
+                              on_change=waiting.changed)
         if controller is not None:
-            follower = FollowDriver(name, pair.backends, savers, streams, turns, upstream,
-                                    controller, on_change=waiting.changed)
+            follower = FollowDriver(handles, upstream, controller)
             pair.turns = drivers[name] = follower
             continue
-        driver = PairDriver(name, pair.backends, savers, streams, turns,
-                            wish=LoadWish(pool, pair, turns, lambda: waiting.waiting),
-                            journal=journal,
-                            events=metrics, on_change=waiting.changed)
+        driver = PairDriver(handles, wish=LoadWish(pool, pair, turns, lambda: waiting.waiting),
+                            journal=journal, events=metrics)
         pair.turns = driver
         drivers[name] = driver
     return TurnsRuntime(drivers, waiting)

@@ -6,18 +6,16 @@ from __future__ import annotations
 import pytest
 
 from gateway.engine.probe import Probe
+from gateway.turns.discovery import SETTLE_ATTEMPTS, discovered
+from gateway.turns.journal import from_journal, journal
 from gateway.turns.state import (
     ACTIONS,
-    SETTLE_ATTEMPTS,
     PairMemory,
     Step,
     begin_turn,
     can_turn_to,
-    discovered,
-    from_journal,
     holder_lost,
     initial,
-    journal,
     reprobed,
     sending,
     step_done,
@@ -286,14 +284,6 @@ def test_restart_before_the_release_continues_the_source():
     assert settled.plan[0] == Step("continue", "mtp")
 
 
-def test_both_paused_without_a_journal_is_stuck_unless_nvml_says_free():
-    state = discovered(initial(0.0), {"mtp": PAUSED, "plain": PAUSED}, "mtp", 1.0)
-    assert state.phase == "stuck" and "cannot tell" in state.why
-    free = discovered(initial(0.0), {"mtp": PAUSED, "plain": PAUSED}, "mtp", 1.0,
-                      memory_free=True)
-    assert free.target == "mtp" and free.plan[1] == Step("resume", "mtp")
-
-
 def test_both_resident_at_start_the_unwanted_one_is_parked():
     state = discovered(initial(0.0), {"mtp": READY, "plain": READY}, "mtp", 1.0)
     assert state.plan[:2] == (Step("pause", "plain"), Step("release", "plain"))
@@ -307,17 +297,6 @@ def test_a_server_without_the_memory_saver_serves_but_never_turns():
     state = finish(discovered(initial(0.0), {"mtp": READY, "plain": plain}, "mtp", 1.0))
     assert state.admitting == "mtp" and not can_turn_to(state, "plain")
     assert "plain runs without --enable-memory-saver" in state.cannot_turn
-
-
-def test_both_gone_is_stuck():
-    state = discovered(initial(0.0), {"mtp": DEAD, "plain": DEAD}, "mtp", 1.0)
-    assert state.phase == "stuck" and "no server can take" in state.why
-
-
-def test_a_bad_journal_is_nothing_known():
-    for data in (None, [], {"memory": {"mtp": "banana"}}, {"memory": 3}):
-        assert dict(from_journal(data, 0.0).memory) == {"mtp": "unknown", "plain": "unknown"}
-    assert from_journal({"memory": {"mtp": "hung"}}, 0.0).of("mtp") == "unknown"
 
 
 def test_every_action_is_in_some_plan():

@@ -1,0 +1,146 @@
+"""The I/O of each step of a turn or a settling (the steps are gateway/turns/state.py's): the
+memory-saver calls, the relay's stream moves and ends, the NVML memory check and the checks
+of the incoming server. One `StepCalls` per pair, used by its driver (gateway/turns/driver.py)
+one step at a time; a step that fails raises CallFailed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from gateway.backends import BackendState
+from gateway.engine.sglang import CallFailed, MemorySaver
+from gateway.turns import nvml
+from gateway.turns.handles import PairHandles
+from gateway.turns.state import Step, other
+
+log = logging.getLogger("mtp_gateway.turns")
+
+TICK_S = 0.05  # how often a driver looks at what its pair wants, and at draining streams
+
+
+class StepCalls:
+    def __init__(self, pair: PairHandles,
+                 free_fractions: Callable[[], list[float] | None] = nvml.free_fractions) -> None:
+        self.pair = pair
+        self.free_fractions = free_fractions
+        self._nvml_seen: bool | None = None
+
+    async def do(self, step: Step) -> None:
+        pair = self.pair
+        turns, saver = pair.turns, pair.savers[step.role]
+        source, target = pair.backends[step.role], pair.backends[other(step.role)]
+        match step.action:
+            case "stop_admitting":
+                pass  # the phase did it: admitting is None from the turn's start
+            case "move_unstarted":
+                moved = pair.streams.move_all_unstarted(source, target)
+                if moved:
+                    log.info("pair %s: %d unstarted streams moved %s -> %s", pair.name, moved,
+                             source.name, target.name)
+            case "end_streams":
+                ended = pair.streams.end_running(source, "memory_turn")
+                if ended:
+                    log.warning("pair %s: %d streams waiting on %s, which does not hold the "
+                                "memory, ended with an error", pair.name, ended, source.name)
+            case "running_streams":
+                await self._hand_off(source, target)
+                await self._running_streams(source)
+            case "pause":
+                await saver.pause(turns.call_timeout_s)
+            case "release":
+                await saver.release(turns.release_timeout_s)
+            case "check_memory":
+                await self._check_memory()
+            case "resume":
+                await saver.resume(turns.resume_timeout_s)
+            case "continue":
+                await saver.continue_generation(turns.call_timeout_s)
+            case "check_ready":
+                await self._until(lambda: saver.ready(turns.call_timeout_s), turns.ready_within_s,
+                                  f"{saver.name} /ready not 200 within {turns.ready_within_s:g} s")
+            case "check_speculation":
+                await self._check_speculation(saver)
+
+    async def _hand_off(self, source: BackendState, target: BackendState) -> None:
+        """Running streams that can be continued go on on the incoming server. It is paused:
+        their continuations wait in its tokenizer and their first events come after its
+        resume, so this does not wait for them (timeout 0); each leaves `source` at once."""
+        if not source.inflight:
+            return
+        result = await self.pair.streams.hand_off(source, target, timeout_s=0)
+        staying = sum(getattr(result, "staying", {}).values())
+        log.info("pair %s: running streams on %s handed to %s (%d staying: %s)", self.pair.name,
+                 source.name, target.name, staying, getattr(result, "staying", {}))
+
+    async def _running_streams(self, source: BackendState) -> None:
+        """Running streams finish first within `finish_within_s`, this gateway's and (by the
+        server's own count, /v1/loads) the replicas' that follow it; this gateway's left then
+        end with an error in their API's shape (a hand-off continues them on the other server,
+        once wired). The followers end theirs at the same bound (gateway/turns/follow.py)."""
+        pair = self.pair
+        turns, clock = pair.turns, pair.clock
+        deadline = clock() + turns.finish_within_s
+        while source.inflight and clock() < deadline:
+            await asyncio.sleep(TICK_S)
+        saver = pair.savers[source.role]
+        while not source.inflight and clock() < deadline:  # other replicas' streams
+            busy = await saver.busy(turns.call_timeout_s)
+            if not busy:  # none left (or no /v1/loads to tell)
+                break
+            await asyncio.sleep(TICK_S)
+        if source.inflight:
+            ended = pair.streams.end_running(source, "memory_turn")
+            log.warning("pair %s: %d streams on %s did not finish within %g s: ended with an "
+                        "error", pair.name, ended, source.name, turns.finish_within_s)
+            deadline = clock() + turns.call_timeout_s
+            while source.inflight and clock() < deadline:
+                await asyncio.sleep(TICK_S)
+
+    async def _check_memory(self) -> None:
+        turns, clock = self.pair.turns, self.pair.clock
+        if not turns.check_memory:
+            return
+        minimum = turns.min_free_fraction
+        deadline = clock() + turns.call_timeout_s
+        while True:
+            fractions = self.free_fractions()
+            if fractions is None:
+                if self._nvml_seen is not False:
+                    log.info("pair %s: no GPU visible to NVML here: the memory check is skipped",
+                             self.pair.name)
+                self._nvml_seen = False
+                return
+            self._nvml_seen = True
+            if all(f >= minimum for f in fractions):
+                return
+            if clock() >= deadline:
+                shown = ", ".join(f"GPU {i}: {f:.0%} free" for i, f in enumerate(fractions))
+                raise CallFailed("check", f"the memory did not come back ({shown}; "
+                                 f"{minimum:.0%} expected)")
+            await asyncio.sleep(TICK_S)
+
+    async def _check_speculation(self, saver: MemorySaver) -> None:
+        turns = self.pair.turns
+        minimum = turns.min_accept_length
+        if not minimum:
+            return
+        accept = await saver.accept_length(turns.ready_within_s)
+        if accept is None:
+            log.info("pair %s: %s gave no accept length: speculation not checked",
+                     self.pair.name, saver.name)
+            return
+        if accept < minimum:
+            raise CallFailed("check", f"{saver.name} accepts {accept:.2f} tokens per step after "
+                             f"its resume, < {minimum:g}: its draft weights may have come back "
+                             "wrong (sglang #31674)")
+
+    async def _until(self, check: Callable[[], Any], within_s: float, why: str) -> None:
+        clock = self.pair.clock
+        deadline = clock() + within_s
+        while not await check():
+            if clock() >= deadline:
+                raise CallFailed("timeout", why)
+            await asyncio.sleep(TICK_S)
