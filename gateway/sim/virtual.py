@@ -32,7 +32,7 @@ import itertools
 import random
 import statistics
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from gateway.sim.engine import Engine, Output, Request, Step
@@ -50,7 +50,7 @@ ChunkCallback = Callable[[float, int], None]
 FinishCallback = Callable[[float, str], None]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Callbacks:
     on_first_token: FirstTokenCallback | None
     on_chunk: ChunkCallback | None
@@ -85,7 +85,8 @@ class VirtualSim:
         self._devices = {name: by_name[devices[name]] for name in self.engines}
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
-        self._callbacks: dict[tuple[str, str], _Callbacks] = {}
+        # By backend, then rid: a step's outputs look theirs up in one backend's table.
+        self._callbacks: dict[str, dict[str, _Callbacks]] = {name: {} for name in self.engines}
         self._active: set[str] = set()  # stepping, or waiting for the device
 
     # --- scheduling ----------------------------------------------------------------------
@@ -118,7 +119,7 @@ class VirtualSim:
     ) -> None:
         """Send a request to ``backend`` now. Raises QueueFullError like the HTTP 503."""
         self.engines[backend].submit(request)
-        self._callbacks[backend, request.rid] = _Callbacks(on_first_token, on_chunk, on_finish)
+        self._callbacks[backend][request.rid] = _Callbacks(on_first_token, on_chunk, on_finish)
         # Deferred, so requests submitted at the same instant join one prefill batch.
         self.at(self.now, lambda: self._kick(backend))
 
@@ -179,8 +180,7 @@ class VirtualSim:
         device = self._devices[backend]
         device.busy = False
         self._active.discard(backend)
-        for output in self.engines[backend].finish_step(step):
-            self._deliver(backend, output)
+        self._deliver_all(self._callbacks[backend], self.engines[backend].finish_step(step))
         self._next_on(device)  # the other backend, if it waited, goes first
         self._kick(backend)
 
@@ -189,18 +189,24 @@ class VirtualSim:
             self._start(device.queue.popleft())
 
     def _deliver(self, backend: str, output: Output) -> None:
-        callbacks = self._callbacks.get((backend, output.rid))
-        if callbacks is None:
-            return
-        if output.tokens:
-            if output.first and callbacks.on_first_token:
-                callbacks.on_first_token(self.now)
-            if callbacks.on_chunk:
-                callbacks.on_chunk(self.now, output.tokens)
-        if output.finish_reason is not None:
-            del self._callbacks[backend, output.rid]
-            if callbacks.on_finish:
-                callbacks.on_finish(self.now, output.finish_reason)
+        self._deliver_all(self._callbacks[backend], (output,))
+
+    def _deliver_all(self, table: dict[str, _Callbacks], outputs: Iterable[Output]) -> None:
+        # One loop per step, not a call per output: this runs for every request every step.
+        now = self.now
+        for rid, tokens, first, finish_reason in outputs:
+            callbacks = table.get(rid)
+            if callbacks is None:  # ended already (an abort a callback sent during this step)
+                continue
+            if tokens:
+                if first and callbacks.on_first_token:
+                    callbacks.on_first_token(now)
+                if callbacks.on_chunk:
+                    callbacks.on_chunk(now, tokens)
+            if finish_reason is not None:
+                del table[rid]
+                if callbacks.on_finish:
+                    callbacks.on_finish(now, finish_reason)
 
 
 # --- the seed benchmark ---------------------------------------------------------------------
