@@ -23,12 +23,9 @@ class ClientWriter(Protocol):
     def usable(self) -> bool:
         """True once a chunked response has started and is not complete."""
 
-    def write(self, data: bytes) -> None:
-        """One body piece, now; nothing once the client is gone."""
-
-    @property
-    def paused(self) -> bool:
-        """The client's socket buffer is full: stop feeding it until `drain()`."""
+    def write(self, data: bytes) -> bool:
+        """One body piece, now; nothing once the client is gone. True when the client's socket
+        buffer is full: stop feeding it until `drain()` (one call per piece, not two)."""
 
     async def drain(self) -> None:
         """Until the client's socket takes more."""

@@ -1,8 +1,8 @@
 """The stream pump: a committed stream's events from the backend to the client, whole.
 
-One framing step for every piece the backend sends (`relay` in `pump`): the watchdog told,
-whole events cut and kept (a continuation's transcript; the ending and usage read the last
-few; their count is the lease's output_chunks). Two ways to write
+One framing step for every piece the backend sends (`relay` in `_relay`): whole events cut
+and kept (a continuation's transcript; the ending and usage read the last few; their count is
+the lease's output_chunks, and what the watchdog compares at its looks). Two ways to write
 them: the fast path, in the upstream connection's own callback through the server's body
 writer (gateway.client_io), and ASGI `send` for servers without one. Nothing else runs per
 piece: no extra call or await on either path."""
@@ -80,32 +80,19 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
     MTP's recent accept length is tokens per chunk, SGLang sending one chunk per decode step
     (events the backend sent apart but the gateway read together, when it fell behind, count
     as one)."""
-    watchdog, feed, recent = exchange.watchdog, exchange.framer.feed, exchange.recent
+    recent = exchange.recent
     mark = error_mark(exchange.inbound.path, exchange.inbound.api) if stop_at_error else None
     if mark is not None and first.find(mark) >= 0:  # the attempt may have read it all at once
         first = _before_error(exchange, first, response)
     if first:  # already framed (the attempt read it): kept, and sent by `send`
         recent.append(first)
         await send({"type": "http.response.body", "body": first, "more_body": True})
+    if exchange.stream_error is not None:  # in `first`: nothing after it is relayed
+        exchange.lease.output_chunks = len(recent)
+        return
     fast = writer if writer is not None and writer.usable() else None
-
-    def relay(chunk: bytes) -> bytes:
-        """Every piece the backend sends, on either path: framed, kept, and written here on
-        the fast path (returned for `send` on the other)."""
-        watchdog.got_bytes()
-        events = feed(chunk)
-        # find, not `in`: bytes' `in` first tries its operand as an integer and builds and
-        # drops a TypeError (1,100 instructions, on every piece of every stream).
-        if mark is not None and (events.find(mark) >= 0 or exchange.stream_error is not None):
-            events = _before_error(exchange, events, response)
-        if events:
-            recent.append(events)  # all kept: a continuation's transcript
-            if fast is not None:
-                fast.write(events)
-                if fast.paused:
-                    response.pause_reading()
-        return events
-
+    relay, progress = _relay(exchange, response, fast, mark)
+    exchange.watchdog.follow(progress)
     try:
         if fast is not None:
             metrics.relayed_streams.labels("writer").inc()
@@ -114,7 +101,42 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
             metrics.relayed_streams.labels("send").inc()
             await _by_send(exchange, send, response, relay)
     finally:
+        exchange.watchdog.follow(None)
         exchange.lease.output_chunks = len(recent)
+
+
+def _relay(exchange: Exchange, response: UpstreamResponse, fast: ClientWriter | None,
+           mark: bytes | None) -> tuple[Callable[[bytes], bytes], Callable[[], int]]:
+    """The per-piece step and the watchdog's count of pieces. Every instruction here runs for
+    every piece of every stream (docs/perf/instructions.md counts them): names bound once,
+    no Python call but the framer's, and no clock read (the watchdog compares the count)."""
+    feed, recent = exchange.framer.feed, exchange.recent
+    write = fast.write if fast is not None else None
+    held = 0  # pieces that completed no event: the backend's bytes all the same
+
+    def relay(chunk: bytes) -> bytes:
+        """Every piece the backend sends, on either path: framed, kept, and written here on
+        the fast path (returned for `send` on the other)."""
+        nonlocal held
+        events = feed(chunk)
+        if not events:
+            held += 1
+            return events
+        # partition, not find (its argument parsing) nor `in` (which first tries its operand
+        # as an integer, building and dropping a TypeError): 1,000 instructions a piece less.
+        if mark is not None and events.partition(mark)[1]:
+            events = _before_error(exchange, events, response)
+            if not events:
+                return events
+        recent.append(events)  # all kept: a continuation's transcript
+        if write is not None and write(events):
+            response.pause_reading()  # the client's buffer is full: until it drains
+        return events
+
+    def progress() -> int:
+        return len(recent) + held
+
+    return relay, progress
 
 
 async def _by_writer(exchange: Exchange, response: UpstreamResponse, writer: ClientWriter,

@@ -223,18 +223,25 @@ class UpstreamResponse:
     def _deliver(self, data: bytes) -> None:
         sink = self._sink
         if sink is None:
-            self._buffer.append(data)
-            self._buffered += len(data)
-            if self._buffered > BUFFER_HIGH_WATER:  # the reader is slow: let TCP hold the rest
-                self.pause_reading()
-            self._wake()
+            self._hold(data)
             return
         try:
             sink(data)
         except Exception as exc:  # a bug in the sink: fail this response, not the connection's loop
-            # The gateway's own failure, not the backend's: kept out of its circuit.
-            self._fail(RelayError(f"relaying the stream failed: {exc!r}"))
-            self.close()
+            self._sink_failed(exc)
+
+    def _hold(self, data: bytes) -> None:
+        """A body piece for the reader (no sink)."""
+        self._buffer.append(data)
+        self._buffered += len(data)
+        if self._buffered > BUFFER_HIGH_WATER:  # the reader is slow: let TCP hold the rest
+            self.pause_reading()
+        self._wake()
+
+    def _sink_failed(self, exc: Exception) -> None:
+        # The gateway's own failure, not the backend's: kept out of its circuit.
+        self._fail(RelayError(f"relaying the stream failed: {exc!r}"))
+        self.close()
 
     def _complete(self) -> None:
         self._done = True
@@ -314,9 +321,18 @@ class _Connection(asyncio.Protocol):
         self.response._headers_complete(self.parser.get_status_code())  # type: ignore[union-attr]
 
     def on_body(self, body: bytes) -> None:
+        # UpstreamResponse._deliver inlined: one Python call less on every piece of a stream.
         response = self.response
-        if response is not None:  # None: the sink closed it during this very feed
-            response._deliver(body)
+        if response is None:  # the sink closed it during this very feed
+            return
+        sink = response._sink
+        if sink is None:
+            response._hold(body)
+            return
+        try:
+            sink(body)
+        except Exception as exc:  # a bug in the sink: fail this response, not the connection's loop
+            response._sink_failed(exc)
 
     def on_message_complete(self) -> None:
         response, self.response = self.response, None
