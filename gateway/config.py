@@ -140,6 +140,9 @@ class Handoff(_Frozen):
 
     on_failure: bool = True  # its server failed it after the first byte (once per stream)
     at_turn: bool = True  # a pair's turn hands the memory over (Handover.hand_off)
+    # A stream is continued only while every event it sent is kept: up to this many pieces
+    # (~230 bytes a token each). Beyond it: not continued, and all but the last few let go of.
+    transcript_chunks: int = Field(8192, ge=1)
 
 
 class Timeouts(_Frozen):

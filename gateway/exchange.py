@@ -10,12 +10,15 @@ import asyncio
 from dataclasses import dataclass, field
 
 from gateway.backends import BackendState
+from gateway.config import Handoff
 from gateway.errors import UpstreamError, UpstreamRefused, UpstreamStatus
 from gateway.inbound import Headers, Inbound
 from gateway.leases import Failure, Lease, Outcome
 from gateway.sse import EventFramer
 from gateway.upstream import UpstreamResponse
 from gateway.watchdog import Watchdog
+
+RECENT_CHUNKS = 4  # read for usage and the ending: SGLang's error, usage and [DONE] come apart
 
 
 @dataclass(eq=False)
@@ -54,9 +57,13 @@ class Exchange:
     first_byte_at: float | None = None
     upstream: UpstreamResponse | None = None  # the current attempt's response
     framer: EventFramer = field(default_factory=EventFramer)  # whole events out, one per attempt
-    # The events sent, all of them: the last few say how it ended (pump.RECENT_CHUNKS), the
-    # whole is the transcript of a continuation (gateway.handoff).
+    # The events sent, as the pieces they came in: the last few say how it ended
+    # (RECENT_CHUNKS), the whole is the transcript of a continuation (gateway.handoff), up to
+    # `transcript_chunks` pieces (handoff.transcript_chunks): beyond it the stream is not
+    # continued and all but the last few are let go of (`bound_transcript`).
     recent: list[bytes] = field(default_factory=list)
+    transcript_chunks: int = Handoff().transcript_chunks
+    dropped: int = 0  # pieces let go of from the front of `recent`
     waiting: Waiting | None = None  # while a stream waits for its first event
     refused: bool = False  # the stream relayed is the backend's own refusal
     tokens: tuple[int, int] | None = None  # prompt and completion tokens, when usage was seen
@@ -76,6 +83,23 @@ class Exchange:
             self.ended = ended
         if failure is not None:
             self.failure = failure
+
+    def relayed_pieces(self) -> int:
+        """The pieces that carried events to the client, those let go of included."""
+        return self.dropped + len(self.recent)
+
+    def transcript_whole(self) -> bool:
+        """Every event sent is still kept: the stream can be read back for a continuation."""
+        return self.relayed_pieces() <= self.transcript_chunks
+
+    def bound_transcript(self) -> None:
+        """Beyond its bound, all but the last few pieces are let go of (called now and then,
+        not per piece: the watchdog's looks; the decision is `transcript_whole`'s)."""
+        recent = self.recent
+        if len(recent) > RECENT_CHUNKS and (self.dropped or len(recent) > self.transcript_chunks):
+            cut = len(recent) - RECENT_CHUNKS
+            del recent[:cut]
+            self.dropped += cut
 
     def refuse(self, failure: Failure) -> None:
         """The backend's refusal in its stream goes to the client as sent: the backend

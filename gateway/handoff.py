@@ -27,6 +27,7 @@ from gateway.streams import event_error
 from gateway.upstream import Upstream, UpstreamResponse
 
 FAILURE, TURN, FLIP = "failure", "turn", "flip"  # why a stream was continued (the metric's cause)
+TOO_LONG = "transcript_chunks"  # more pieces sent than handoff.transcript_chunks keeps
 
 
 class Uncontinuable(GatewayError):
@@ -74,6 +75,8 @@ def request_body(exchange: Exchange) -> dict[str, Any]:
 def plan(exchange: Exchange) -> Plan | str:
     """The stream's plan, or why it cannot be continued faithfully."""
     path = exchange.inbound.path
+    if not exchange.transcript_whole():
+        return TOO_LONG
     try:
         body = request_body(exchange)
     except ValueError:

@@ -16,7 +16,7 @@ from gateway.apis import ANTHROPIC, RESPONSES
 from gateway.asgi import Send
 from gateway.client_io import ClientWriter
 from gateway.errors import UpstreamStreamError
-from gateway.exchange import Exchange
+from gateway.exchange import RECENT_CHUNKS, Exchange
 from gateway.metrics import GatewayMetrics
 from gateway.sse import split_events
 from gateway.streams import event_error
@@ -24,7 +24,6 @@ from gateway.upstream import UpstreamResponse
 from gateway.watchdog import KEEPALIVE
 
 KEEPALIVE_COMMENT = b": keep-alive\n\n"
-RECENT_CHUNKS = 4  # read for usage and the ending: SGLang's error, usage and [DONE] come apart
 
 
 def last_events(exchange: Exchange) -> bytes:
@@ -88,7 +87,7 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
         recent.append(first)
         await send({"type": "http.response.body", "body": first, "more_body": True})
     if exchange.stream_error is not None:  # in `first`: nothing after it is relayed
-        exchange.lease.output_chunks = len(recent)
+        exchange.lease.output_chunks = exchange.relayed_pieces()
         return
     fast = writer if writer is not None and writer.usable() else None
     relay, progress = _relay(exchange, response, fast, mark)
@@ -102,7 +101,7 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
             await _by_send(exchange, send, response, relay)
     finally:
         exchange.watchdog.follow(None)
-        exchange.lease.output_chunks = len(recent)
+        exchange.lease.output_chunks = exchange.relayed_pieces()
 
 
 def _relay(exchange: Exchange, response: UpstreamResponse, fast: ClientWriter | None,
@@ -134,7 +133,10 @@ def _relay(exchange: Exchange, response: UpstreamResponse, fast: ClientWriter | 
         return events
 
     def progress() -> int:
-        return len(recent) + held
+        """The pieces so far, read at the watchdog's looks: where the transcript is bounded
+        too, at no cost per piece."""
+        exchange.bound_transcript()
+        return exchange.dropped + len(recent) + held
 
     return relay, progress
 

@@ -79,7 +79,8 @@ class ProxyEndpoint:
         task = asyncio.current_task()
         assert task is not None  # always inside a task under an ASGI server
         watchdog = Watchdog(settings.timeouts, task, stream=inbound.stream)
-        exchange = Exchange(inbound, scope["headers"], lease, started, watchdog)
+        exchange = Exchange(inbound, scope["headers"], lease, started, watchdog,
+                            transcript_chunks=settings.handoff.transcript_chunks)
         listener = asyncio.create_task(_watch_disconnect(receive, watchdog))
         watchdog.start()
         self.handover.exchanges.add(exchange)

@@ -197,6 +197,26 @@ async def test_off_the_crash_ends_with_an_error_as_before(pair):
         assert _continued(await _metrics(gateway), "failure") == 0
 
 
+@pytest.mark.timeout(60)
+async def test_a_stream_beyond_its_transcript_bound_finishes_where_it_is_at_a_turn(pair):
+    """handoff.transcript_chunks: a stream that sent more pieces than the gateway keeps whole
+    is not continued (its transcript would not be whole): it finishes where it is. Bound 1:
+    the client has read six text deltas, so the gateway has sent its first events and at
+    least one piece after them, however the bytes were cut."""
+    async with live_gateway(pair, handoff={"transcript_chunks": 1}) as gateway:
+        handed: list[Any] = []
+        backends = gateway.pool.backends
+
+        async def turn(pieces: int) -> None:
+            if pieces == 6:
+                handed.append(await gateway.runtime.proxy.handover.hand_off(backends["mtp"],
+                                                                            backends["plain"]))
+        answer = await chat(gateway, turn)
+        assert handed[0].continued == 0 and handed[0].staying == {"transcript_chunks": 1}
+        assert answer["finish"] == "length" and answer["completion"] == LIMIT == _words(answer["text"])
+        assert _continued(await _metrics(gateway), "turn") == 0
+
+
 def _turns(gateway: LiveGateway, at: tuple[int, ...]) -> tuple[Moves, list[Any]]:
     """Hand the running streams over at the given pieces read: MTP to plain, then back."""
     backends = gateway.pool.backends
