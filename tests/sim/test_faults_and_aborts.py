@@ -4,7 +4,6 @@ import asyncio
 import dataclasses
 import json
 import re
-import time
 
 import httpx
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from gateway.sim.faults import Faults
 from gateway.sim.profile import load_profiles
 from gateway.sim.server import SimOptions, start_sim_pair
-from tests.sim.conftest import wait_until
+from tests.sim.conftest import run_on_loop_clock, until_on_loop_clock, wait_until
 
 LONG = {"model": "m", "prompt": "go on", "max_tokens": 100_000, "ignore_eos": True, "stream": True}
 SHORT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "stream": True}
@@ -22,24 +21,37 @@ async def running(http: httpx.AsyncClient, url: str, headers: dict | None = None
     return (await http.get(url + "/v1/loads", headers=headers)).json()["loads"][0]["num_running_reqs"]
 
 
-async def test_a_stream_whose_client_leaves_is_aborted_at_once():
+def test_a_stream_whose_client_leaves_is_aborted_at_once():
     """The disconnect cancels the StreamingResponse and generate_request aborts on the
-    CancelledError: the slot frees after the step in flight, not 2 s later (real time here)."""
+    CancelledError: the slot frees after the step in flight, not 2 s later (on the loop's
+    clock, so a loaded machine cannot stretch it)."""
+    run_on_loop_clock(_a_stream_whose_client_leaves_is_aborted_at_once)
+
+
+async def _a_stream_whose_client_leaves_is_aborted_at_once():
     async with start_sim_pair(SimOptions(speed=1)) as pair, httpx.AsyncClient() as http:
         url = pair.urls["plain"]
         async with http.stream("POST", url + "/v1/completions", json=LONG) as response:
             chunks = response.aiter_bytes()  # held: a collected iterator closes the stream
             await anext(chunks)
             assert await running(http, url) == 1
-        # One decode step is ~15 ms; 1.5 s of slack for a loaded machine, still inside the 2 s
-        # after which the old background abort came.
-        await wait_until(lambda: _freed(http, url), timeout=1.5)
+        # One decode step is ~15 ms; the old background abort came after 2 s.
+        assert await until_on_loop_clock(lambda: _freed(http, url), within=2.0) < 0.1
 
 
-async def test_a_waiting_handler_notices_a_gone_client_when_it_wakes():
+def test_a_waiting_handler_notices_a_gone_client_when_it_wakes():
     """Queued behind a running request: a non-stream or a kick-started chat stream notices the
-    disconnect at its 4 s wake-up; a Messages stream (already streaming) at once."""
+    disconnect at its 4 s wake-up; a Messages stream (already streaming) at once.
+
+    On looptime's clock (it moves only when every task waits for a timer), so the 4 s are the
+    simulator's and the client's timeout, not how busy the machine is: on the wall clock a
+    loaded box once made the wake-up look early or late."""
+    run_on_loop_clock(_a_waiting_handler_notices_a_gone_client_when_it_wakes)
+
+
+async def _a_waiting_handler_notices_a_gone_client_when_it_wakes():
     speed = 4
+    clock = asyncio.get_running_loop().time
     plain = dataclasses.replace(load_profiles()["plain"], max_running_requests=1)
     options = SimOptions(speed=speed, profiles={**load_profiles(), "plain": plain})
     messages = {"model": "m", "max_tokens": 50, "stream": True,
@@ -51,15 +63,15 @@ async def test_a_waiting_handler_notices_a_gone_client_when_it_wakes():
             await anext(held)
             for path, body in (("/v1/messages", messages), ("/v1/chat/completions", SHORT),
                                ("/v1/completions", {**LONG, "stream": False})):  # fmt: skip
-                sent = time.perf_counter()
+                sent = clock()
                 with pytest.raises(httpx.ReadTimeout):
                     await http.post(url + path, json=body, timeout=0.05)
-                gone = time.perf_counter()
-                await wait_until(lambda: _waiting_is(http, url, 0), timeout=8.0 / speed)
-                left = time.perf_counter()
+                gone = clock()
+                await until_on_loop_clock(lambda: _waiting_is(http, url, 0), within=8.0 / speed)
+                left = clock()
                 if path == "/v1/messages":
                     assert left - gone < 4.0 / speed
-                else:  # from the send: a loaded machine may raise the client's timeout late
+                else:
                     assert left - sent >= 4.0 / speed
 
 
@@ -67,12 +79,18 @@ async def _waiting_is(http: httpx.AsyncClient, url: str, count: int) -> bool:
     return (await http.get(url + "/v1/loads")).json()["loads"][0]["num_waiting_reqs"] == count
 
 
-async def test_a_running_non_stream_request_is_aborted_at_its_next_50th_token():
+def test_a_running_non_stream_request_is_aborted_at_its_next_50th_token():
+    """On the loop's clock: on the wall clock a starved loop could let the simulator run
+    several steps (it catches up late steps) before the handler looked."""
+    run_on_loop_clock(_a_running_non_stream_request_is_aborted_at_its_next_50th_token)
+
+
+async def _a_running_non_stream_request_is_aborted_at_its_next_50th_token():
     async with start_sim_pair(SimOptions(speed=5)) as pair, httpx.AsyncClient() as http:
         url, engine = pair.urls["plain"], pair.servers["plain"].live.engine
         with pytest.raises(httpx.ReadTimeout):
             await http.post(url + "/v1/completions", json={**LONG, "stream": False}, timeout=0.2)
-        await wait_until(lambda: _freed(http, url))
+        await until_on_loop_clock(lambda: _freed(http, url), within=5.0)
     # SGLang looks at the connection when an output comes (every 50 tokens for a non-stream
     # request); the abort frees the slot after the step in flight and the next (a token each).
     assert engine.stats.generated_tokens >= 50
