@@ -35,7 +35,11 @@ class Flight:
     record: RequestRecord
     done: Callable[[Outcome], None]
     rid: str = ""
-    generated: int = 0
+
+    @property
+    def generated(self) -> int:
+        """Tokens it received so far, wherever they ran (the record counts them)."""
+        return self.record.tokens
 
 
 def generated_ids(rid: str, job: Job, n: int) -> tuple[int, ...]:
@@ -92,11 +96,12 @@ class Flights:
                 record.first = t
             lease.first_byte(t)
 
-        def on_chunk(t: float, n: int) -> None:
+        times, counts = record.chunk_times.append, record.chunk_tokens.append
+
+        def on_chunk(t: float, n: int) -> None:  # every chunk of a virtual bench: kept lean
             record.tokens += n
-            flight.generated += n
-            record.chunk_times.append(t)
-            record.chunk_tokens.append(n)
+            times(t)
+            counts(n)
 
         def on_finish(t: float, reason: str) -> None:
             if flight.rid != rid:  # moved: this was the abort of its old copy

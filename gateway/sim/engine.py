@@ -396,6 +396,7 @@ class Engine:
         accepted_drafts: list[int] = []
         emitted = verified = accepted_total = 0
         speculative, steps = self.profile.speculative, step.num_steps
+        adaptive = self._adaptive is not None  # the only reader of accepted_drafts
         new_output = tuple.__new__  # Output(...) without the named tuple's Python-level __new__
         for seq in step.seqs:
             if seq.gone:
@@ -406,7 +407,8 @@ class Engine:
                 accepted_total += accepted
             else:
                 accepted = 0
-            accepted_drafts.append(accepted)
+            if adaptive:
+                accepted_drafts.append(accepted)
             request = seq.request
             left = request.output_len - seq.generated
             if accepted < left - 1:
