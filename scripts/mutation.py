@@ -43,6 +43,10 @@ MODULES: dict[str, list[str]] = {
     "moves": ["tests/test_moves.py"],
     "continuation/rules": ["tests/continuation/test_rules.py"],
     "turns/decision": ["tests/turns/test_decision.py"],
+    # The turns pair's memory state machine, split in three: its walks span all three.
+    "turns/state": ["tests/turns/test_state.py", "tests/turns/test_discovery.py"],
+    "turns/discovery": ["tests/turns/test_discovery.py", "tests/turns/test_state.py"],
+    "turns/journal": ["tests/turns/test_journal.py", "tests/turns/test_state.py"],
 }
 
 # A mutant whose tests never finish is caught too: the suite's pytest-timeout fails it in CI.

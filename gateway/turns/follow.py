@@ -81,12 +81,12 @@ class FollowDriver:
         timeout = self.pair.turns.call_timeout_s
         try:
             status, body = await self.upstream.request("GET", self.url, [], None, timeout)
-            pair = json.loads(body)["pairs"][self.pair.name] if status == 200 else None
+            answer = json.loads(body)["pairs"][self.pair.name] if status == 200 else None
         except (GatewayError, ValueError, KeyError, TypeError):  # down, or not its answer
-            pair = None
-        if isinstance(pair, dict):
+            answer = None
+        if isinstance(answer, dict):
             self.via = "controller"
-            return pair
+            return answer
         if self.via == "controller":
             log.warning("pair %s: controller %s does not answer: following the servers' "
                         "readiness", self.pair.name, self.url)

@@ -3,6 +3,8 @@ every failure, and the one invariant: never both servers hold the memory."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gateway.engine.probe import Probe
@@ -10,6 +12,7 @@ from gateway.turns.discovery import SETTLE_ATTEMPTS, discovered
 from gateway.turns.journal import from_journal, journal
 from gateway.turns.state import (
     ACTIONS,
+    Failure,
     PairMemory,
     Step,
     begin_turn,
@@ -303,3 +306,69 @@ def test_every_action_is_in_some_plan():
     settle = discovered(initial(0.0), {"mtp": PAUSED, "plain": READY}, "mtp", 1.0).plan
     seen = {s.action for s in (*turn_plan("plain", "mtp"), *settle)}
     assert seen == set(ACTIONS)
+
+
+# --- each transition as a whole value (what /admin/state and the journal say of it) ----------
+
+
+def test_a_start_after_a_restart_forgets_only_what_the_restart_ended():
+    assert initial(4.0, {"mtp": "hung", "plain": "held"}) == PairMemory(
+        "discovering", (("mtp", "unknown"), ("plain", "held")), since=4.0, step_since=4.0)
+
+
+def test_a_turn_begins_with_its_whole_plan_and_a_fresh_count():
+    before = replace(holding(), why="earlier", failed_plans=2)
+    assert begin_turn(before, "plain", 5.0) == replace(
+        before, phase="handing", plan=turn_plan("mtp", "plain"), target="plain", since=5.0,
+        step_since=5.0, failed_plans=0, why="")
+    with pytest.raises(ValueError, match=r"^no turn to mtp from holding \(memory \{'mtp': 'held', "
+                                         r"'plain': 'released'\}\)$"):
+        begin_turn(holding(), "mtp", 5.0)
+
+
+def test_a_holder_lost_goes_back_to_discovery_from_now():
+    assert holder_lost(holding(), 6.0) == replace(holding(), phase="discovering", since=6.0,
+                                                  step_since=6.0)
+    with pytest.raises(ValueError, match="^no holder to lose in discovering$"):
+        holder_lost(initial(0.0), 6.0)
+
+
+def test_each_step_done_moves_the_step_clock_and_the_last_holds_from_now():
+    turn = run_until(begin_turn(holding(), "plain", 1.0), "release")
+    released = step_done(turn, 2.0)
+    assert released == replace(turn, memory=(("mtp", "released"), ("plain", "released")),
+                               plan=turn.plan[1:], step_since=2.0)
+    last = replace(run_until(released, "check_ready"), failed_plans=1, avoid="mtp")
+    assert step_done(last, 3.0) == replace(last, phase="holding", plan=(), since=3.0,
+                                           step_since=3.0, failed_plans=0, avoid=None)
+    with pytest.raises(ValueError, match=r"^no step in progress \(holding\)$"):
+        step_done(holding(), 3.0)
+
+
+@pytest.mark.parametrize("action", ["check_memory", "resume", "continue", "check_ready"])
+def test_a_failure_taking_the_memory_is_remembered_and_that_server_avoided(action):
+    turn = run_until(begin_turn(holding(), "plain", 1.0), action)
+    failed = step_failed(turn, "timeout", "no answer", 4.0)
+    assert failed.failure == Failure(turn.plan[0], "timeout", "no answer", 4.0)
+    assert failed == replace(turn, phase="discovering", memory=failed.memory, plan=(), target=None,
+                             since=4.0, step_since=4.0, failure=failed.failure, failed_plans=1,
+                             avoid="plain")
+    with pytest.raises(ValueError, match=r"^no step in progress \(holding\)$"):
+        step_failed(holding(), "timeout", "no answer", 4.0)
+
+
+def test_a_lost_speculation_holds_from_the_check():
+    turn = run_until(begin_turn(holding("plain"), "mtp", 1.0), "check_speculation")
+    state = step_failed(turn, "check", "accepts 1.00", 5.0)
+    assert (state.phase, state.holder, state.since, state.step_since) == ("holding", "mtp", 5.0, 5.0)
+    assert state.failure == Failure(turn.plan[0], "check", "accepts 1.00", 5.0)
+
+
+def test_a_server_found_gone_beside_the_holder_may_take_the_memory_once_it_is_back_paused():
+    state = finish(discovered(initial(0.0, {"plain": "held"}), {"mtp": DEAD, "plain": READY},
+                              "plain", 1.0))
+    assert state.admitting == "plain" and state.of("mtp") == "gone"
+    back = reprobed(state, "mtp", PAUSED)
+    assert back.of("mtp") == "released" and can_turn_to(back, "mtp")
+    discovering = replace(state, phase="discovering")  # outside holding the probes decide
+    assert reprobed(discovering, "mtp", PAUSED) is discovering
