@@ -16,13 +16,16 @@ from gateway.config import load_settings
 from gateway.sim.profile import load_profiles
 
 ROOT = Path(__file__).resolve().parents[2]
-# Every level up to 32, then a spread to 128. 25..31 lie between MTP's running cap (24) and
+# Every level from 24 to 32, then a spread to 128. 25..31 lie between MTP's running cap (24) and
 # where plain would overtake it with the seed's 68 slots (~31); the chat workload (acceptance
 # 0.7) crosses near 25. Every level from 1 to 128 was swept once with
 # `mtp-gateway bench --sim --concurrency 1,...,128` (docs/bench/README.md): too slow for the
 # suite, same verdict. A static crossover of 24 with the capacity guard reached only 86 % (C=26)
 # and 92 % (C=28) on the seed; the acceptance-scaled crossover without the guard passes both.
-LEVELS = [*range(1, 33), 40, 48, 64, 96, 128]
+# Below MTP's running cap the gateway's run is the mtp-only run bit for bit at every level
+# (seed and chat, C=1..24: every LevelResult field equal, all on MTP), so C=1..23 every level
+# was the same case 23 times: kept 1, 2, 4, 8, 12, 16 (the per-request check), 20 and 23.
+LEVELS = [1, 2, 4, 8, 12, 16, 20, 23, *range(24, 33), 40, 48, 64, 96, 128]
 # With the pair's real memory (gateway/sim/memory.py: the compose split on 4x RTX PRO 6000 gives
 # plain 28 running, MTP 24) plain never overtakes MTP on the seed workload (24 x 2 tokens per
 # 29.85 ms step > 28 x 1 per 19.1 ms): config.yaml's crossover 31 (fitted when plain had the
