@@ -10,6 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
+from gateway.access_log import log_handler
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.server import GatewayServer, uvicorn_config
 from gateway.speed import add_speed_argument
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         _add_optional(commands.add_parser(name, help=help_text), module)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, handlers=[log_handler()])
     try:
         if args.command in ("serve", "demo"):
             settings, config_path = _load(args)
