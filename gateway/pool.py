@@ -119,12 +119,8 @@ class Pool:
     def pair_views(self, now: float, exclude: Collection[str] = ()) -> list[PairView]:
         """Each pair's load and whether it can take the request: its servers' views only, not
         a whole snapshot (sessions, learned crossover), which the chosen pair's decision takes."""
-        views = []
-        for pair in self.pairs.values():
-            backends = [self.view(b, now, exclude) for b in pair.backends.values()]
-            views.append(PairView(pair.name, sum(v.load for v in backends),
-                                  any(v.healthy for v in backends)))
-        return views
+        return [_pair_view(pair.name, [self.view(b, now, exclude) for b in pair.backends.values()])
+                for pair in self.pairs.values()]
 
     # --- deciding ----------------------------------------------------------------------------
 
@@ -137,7 +133,13 @@ class Pool:
                                   RequestFacts(None, holder.role), now, exclude)
         session_backend = self.backends.get(self.sessions.get(ask.session) or "")
         session_pair = session_backend.pair if session_backend is not None else None
-        choice = choose_pair(self.pair_views(now, exclude), session_pair, self.affinity_slack)
+        single, snapshot = self.single, None
+        if single is not None:  # its servers' views once, for the choice and the decision
+            snapshot = self.snapshot(single, now, exclude)
+            views = [_pair_view(single.name, snapshot.backends.values())]
+        else:
+            views = self.pair_views(now, exclude)
+        choice = choose_pair(views, session_pair, self.affinity_slack)
         if choice.pair is None:
             first = next(iter(self.pairs.values()))
             reason: Reason = "memory_turn" if any(p.turns is not None and p.turns.waiting_for_turn
@@ -148,11 +150,13 @@ class Pool:
         role = session_backend.role if session_backend is not None and session_pair == pair.name \
             else None
         return self._place_in(pair, choice, RequestFacts(role, ask.pin, ask.prompt_tokens), now,
-                              exclude)
+                              exclude, snapshot)
 
     def _place_in(self, pair: PairState, choice: PairChoice, facts: RequestFacts, now: float,
-                  exclude: Collection[str]) -> Placement:
-        decision = decide(self.snapshot(pair, now, exclude), facts, pair.routing, now)
+                  exclude: Collection[str], snapshot: Snapshot | None = None) -> Placement:
+        if snapshot is None:
+            snapshot = self.snapshot(pair, now, exclude)
+        decision = decide(snapshot, facts, pair.routing, now)
         if pair.turns is not None:
             decision = _turns_reason(decision, pair.turns)
         flipped = pair.mode == "mtp" and decision.mode == "plain"
@@ -188,6 +192,11 @@ class Pool:
         pair.sessions.begin(ask.session, now, pair.routing.session_idle_s)
         lease.placement = self.with_flip(placement, now)
         return lease
+
+
+def _pair_view(name: str, backends: Collection[BackendView]) -> PairView:
+    """A pair's load and whether it can take the request, from its servers' views."""
+    return PairView(name, sum(v.load for v in backends), any(v.healthy for v in backends))
 
 
 def _turns_reason(decision: Decision, gate: MemoryGate) -> Decision:
