@@ -47,6 +47,17 @@ MODULES: dict[str, list[str]] = {
     "turns/state": ["tests/turns/test_state.py", "tests/turns/test_discovery.py"],
     "turns/discovery": ["tests/turns/test_discovery.py", "tests/turns/test_state.py"],
     "turns/journal": ["tests/turns/test_journal.py", "tests/turns/test_state.py"],
+    # The splicers, each through splice.splicer (the one entry the hand-off uses).
+    "continuation/seam": ["tests/continuation/test_seam.py", "tests/continuation/test_same_api.py",
+                          "tests/continuation/test_splice.py"],
+    "continuation/same_api": ["tests/continuation/test_same_api.py",
+                              "tests/continuation/test_splice.py"],
+    "continuation/as_messages": ["tests/continuation/test_as_messages.py",
+                                 "tests/continuation/test_seam.py",
+                                 "tests/continuation/test_splice.py"],
+    "continuation/as_responses": ["tests/continuation/test_as_responses.py",
+                                  "tests/continuation/test_seam.py",
+                                  "tests/continuation/test_splice.py"],
 }
 
 # A mutant whose tests never finish is caught too: the suite's pytest-timeout fails it in CI.

@@ -16,11 +16,8 @@ class ChatSplicer(Splicer):
 
     def event(self, name: str | None, data: bytes, value: Any) -> bytes:
         if data == b"[DONE]":
-            self.finished = True
             return DONE
         if not isinstance(value, dict) or "choices" not in value:
-            if isinstance(value, dict) and "error" in value:
-                self.finished = True
             return data_event(value) if value is not None else b"data: " + data + b"\n\n"
         choices = value.get("choices") or []
         if not choices and value.get("usage") and not self.seam.include_usage:
@@ -54,10 +51,8 @@ class GenerateSplicer(Splicer):
 
     def event(self, name: str | None, data: bytes, value: Any) -> bytes:
         if data == b"[DONE]":
-            self.finished = True
             return DONE
         if not isinstance(value, dict) or "meta_info" not in value:
-            self.finished = self.finished or isinstance(value, dict) and "error" in value
             return data_event(value) if value is not None else b"data: " + data + b"\n\n"
         relayed, before = self.seam.relayed, self.seam.tokens_before
         meta = dict(value["meta_info"])

@@ -27,7 +27,6 @@ class Splicer:
 
     def __init__(self, seam: Seam) -> None:
         self.seam = seam
-        self.finished = False  # the continuation's end went out (its finish, or its error)
 
     def feed(self, events: bytes) -> bytes:
         out = [self.event(name, data, value) for name, data, value in parsed(events)]
@@ -61,13 +60,11 @@ class FromChat(Splicer):
 
     def event(self, name: str | None, data: bytes, value: Any) -> bytes:
         if data == b"[DONE]":
-            self.finished = True
             return self._end()
         if not isinstance(value, dict):
             return b""
         if "error" in value and "choices" not in value:
             error = value["error"] if isinstance(value["error"], dict) else {}
-            self.finished = True
             return self._error(error.get("code"), str(error.get("message") or "Upstream error"))
         if isinstance(value.get("usage"), dict):
             self.usage_seen = value["usage"]
