@@ -225,6 +225,13 @@ class Handover:
                        and e.lease.movable][:flip.moves.running]
             self.take_running(running, flip.target, FLIP)
 
+    def running_tokens(self, source: BackendState, tokens_per_piece: float) -> int:
+        """What continuing `source`'s running streams elsewhere makes the other server prefill:
+        each one's prompt (as estimated at admission) and its output so far, the pieces
+        relayed times `tokens_per_piece`. Read when a turn is decided, never per chunk."""
+        return sum(e.lease.ask.prompt_tokens + round(e.relayed_pieces() * tokens_per_piece)
+                   for e in self.running.get(source, ()))
+
     def move_all_unstarted(self, source: BackendState, target: BackendState) -> int:
         """A turn: every stream on `source` that has had no byte moves to `target` (which
         holds new requests while paused: SGLang's tokenizer_manager.py:938-939)."""

@@ -189,7 +189,7 @@ class Pool:
         lease = Lease(self, ask, placement, [])
         lease.attempts.append(Attempt(placement.backend, placement.backend.admit(now, lease)))
         pair = self.pairs[placement.backend.pair]
-        pair.sessions.begin(ask.session, now, pair.routing.session_idle_s)
+        pair.sessions.begin(ask.session, now, pair.routing.session_idle_s, ask.prompt_tokens)
         lease.placement = self.with_flip(placement, now)
         return lease
 

@@ -8,18 +8,22 @@ from collections import OrderedDict
 
 class SessionActivity:
     """One pair's sessions at work: requests in flight per session, and when each idle
-    session's last request ended (oldest first), for the `sessions` load signal."""
+    session's last request ended (oldest first), for the `sessions` load signal; and each
+    such session's last prompt, the prefix cache a turn throws away (`reusable_context`)."""
 
     def __init__(self) -> None:
         self.in_flight: dict[str, int] = {}
         self.idle_since: OrderedDict[str, float] = OrderedDict()
         self.requests = 0  # requests in flight that name a session
+        self.last_prompt: dict[str, int] = {}  # tokens, of the sessions in flight or idle
 
-    def begin(self, session: str | None, now: float, idle_s: float) -> None:
+    def begin(self, session: str | None, now: float, idle_s: float,
+              prompt_tokens: int = 0) -> None:
         if session is None:
             return
         self._forget_idle(now, idle_s)
         self.idle_since.pop(session, None)
+        self.last_prompt[session] = prompt_tokens
         self.in_flight[session] = self.in_flight.get(session, 0) + 1
         self.requests += 1
 
@@ -45,9 +49,17 @@ class SessionActivity:
             gone += 1
         return len(self.in_flight) + len(self.idle_since) - gone
 
+    def reusable_context(self, now: float, idle_s: float) -> int:
+        """The prefix cache the traffic would reuse, in tokens: the last prompt of every session
+        at work (in flight, or idle at most `idle_s`: its next request extends that prompt).
+        One-off prompts are never hit again and count nothing. A read, as `at_work`."""
+        idle = (s for s, since in self.idle_since.items() if now - since <= idle_s)
+        return sum(self.last_prompt[s] for s in (*self.in_flight, *idle))
+
     def _forget_idle(self, now: float, idle_s: float) -> None:
         while self.idle_since and now - next(iter(self.idle_since.values())) > idle_s:
-            self.idle_since.popitem(last=False)
+            session, _ = self.idle_since.popitem(last=False)
+            self.last_prompt.pop(session, None)
 
 
 class SessionMap:

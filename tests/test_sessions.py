@@ -38,6 +38,29 @@ def test_a_snapshot_and_a_metrics_scrape_leave_the_pool_as_it_was() -> None:
     assert list(pair.sessions.idle_since) == ["a", "b"]  # neither read forgot them
 
 
+def test_a_turn_throws_away_the_last_prompt_of_the_sessions_at_work_only() -> None:
+    pool = one_pair(Routing(session_idle_s=6.0))
+    sessions = pool.pairs["default"].sessions
+    gone = pool.admit(Ask(session="gone", prompt_tokens=9000), now=0.0)
+    gone.end(Outcome.SUCCESS, 0.0)
+    pool.admit(Ask(session="a", prompt_tokens=1000), now=1.0).end(Outcome.SUCCESS, 1.0)
+    pool.admit(Ask(session="a", prompt_tokens=6000), now=9.0)  # in flight, its longer prompt
+    pool.admit(Ask(session="b", prompt_tokens=4000), now=9.0).end(Outcome.SUCCESS, 9.0)
+    pool.admit(Ask(prompt_tokens=50_000), now=9.0)  # a one-off prompt is never hit again
+    # at 10 s "gone" has been idle 10 s: no longer at work
+    assert sessions.reusable_context(now=10.0, idle_s=6.0) == 10_000
+    assert sessions.reusable_context(now=16.0, idle_s=6.0) == 6_000  # b idle 7 s
+    assert SessionActivity().reusable_context(now=10.0, idle_s=6.0) == 0
+
+
+def test_a_forgotten_session_leaves_no_prompt_behind() -> None:
+    sessions = SessionActivity()
+    sessions.begin("a", 0.0, 6.0, prompt_tokens=5000)
+    sessions.end("a", 0.0, 6.0)
+    sessions.begin("b", 7.0, 6.0, prompt_tokens=100)  # a write forgets a, idle 7 s
+    assert sessions.last_prompt == {"b": 100}
+
+
 def test_the_end_of_a_session_never_begun_changes_nothing() -> None:
     sessions = SessionActivity()
     sessions.end("x", 1.0, 6.0)

@@ -43,7 +43,6 @@ from gateway.bench.workloads import Job, Outcome, Workload
 from gateway.config import Role, Routing
 from gateway.policy import load_against_crossover
 from gateway.pool import Ask, Lease, Pool
-from gateway.sessions import SessionActivity
 from gateway.sim.profile import Profile
 from gateway.sim.virtual import VirtualSim
 from gateway.turns.decision import NEVER, LoadSignal, PairMemory, TurnRules, decide_turn
@@ -175,15 +174,6 @@ class _Clients:
 
 # --- the turns controller in virtual time -----------------------------------------------------
 
-def reusable_context(sessions: SessionActivity, last_prompt: Mapping[str, int], now: float,
-                     idle_s: float) -> int:
-    """The cache a release throws away that the traffic would reuse: the last prompt of every
-    session at work (in flight, or idle for at most ``idle_s``: its next turn extends it).
-    One-off prompts are never hit again, so they count nothing."""
-    idle = [s for s, since in sessions.idle_since.items() if now - since <= idle_s]
-    return sum(last_prompt.get(s, 0) for s in (*sessions.in_flight, *idle))
-
-
 class _TurnFlights(Flights):
     def continue_on(self, flight: Flight, to: BackendState) -> None:
         """Abort it where it runs and send it to ``to`` with what it generated so far."""
@@ -213,7 +203,6 @@ class TurnsController:
     turns: list[TurnRecord] = field(default_factory=list)
     waiting: deque[_Waiting] = field(default_factory=deque)
     _timer_at: float | None = None
-    session_prompt: dict[str, int] = field(default_factory=dict)  # each session's last prompt
 
     def __post_init__(self) -> None:
         self.rules = self.model.rules(self.routing)
@@ -223,8 +212,6 @@ class TurnsController:
 
     # the request path
     def send(self, job: Job, record: RequestRecord, done: Callable[[Outcome], None]) -> None:
-        if job.session is not None:
-            self.session_prompt[job.session] = len(job.prompt_ids)
         if self.turning is not None:
             self.turning.waited += 1
             self.waiting.append(_Waiting(job, record, done))
@@ -249,8 +236,7 @@ class TurnsController:
         return [f for f in self.flights.live.values() if f.lease.backend is backend]
 
     def _sessions_context(self) -> int:
-        return reusable_context(self.pair.sessions, self.session_prompt, self.sim.now,
-                                self.routing.session_idle_s)
+        return self.pair.sessions.reusable_context(self.sim.now, self.routing.session_idle_s)
 
     def evaluate(self) -> None:
         if self.turning is not None:

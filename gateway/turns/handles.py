@@ -22,6 +22,10 @@ class Streams(Protocol):
         """Move every stream on `source` that has sent no byte to `target`; how many."""
         ...
 
+    def running_tokens(self, source: BackendState, tokens_per_piece: float) -> int:
+        """Prompt + output tokens of `source`'s running streams: what a hand-off re-prefills."""
+        ...
+
     def end_running(self, source: BackendState, why: str) -> int:
         """End every request still on `source` with an error in its API's shape; how many."""
         ...

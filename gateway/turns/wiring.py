@@ -33,8 +33,9 @@ class LoadWish:
     once its speculation came back lost (the operator restarts it)."""
 
     def __init__(self, pool: Pool, pair: PairState, turns: Turns,
-                 waiting: Callable[[], int]) -> None:
+                 waiting: Callable[[], int], streams: Streams) -> None:
         self.pool, self.pair, self.turns, self.waiting = pool, pair, turns, waiting
+        self.streams = streams
         self.since = NEVER  # the first turn needs no dwell
         self.across_since: float | None = None
         self.turn_cost_s = turns.turn_cost_s
@@ -55,11 +56,20 @@ class LoadWish:
         if state.holder is None:
             return None
         decision = decide_turn(TurnMemory(state.holder, self.since, self.across_since),
-                               self.load(now), self.rules(), now)
+                               self.load(now), self.rules(), now,
+                               cached_tokens=self.pair.sessions.reusable_context(
+                                   now, self.pair.routing.session_idle_s),
+                               continued_tokens=self.continued_tokens(state.holder))
         self.across_since = decision.across_since
         if not decision.hand_over or (decision.to == "mtp" and state.speculation_lost):
             return None
         return decision.to
+
+    def continued_tokens(self, holder: Role) -> int:
+        """What the holder's running streams would make the incoming server prefill again:
+        their output estimated as the pieces relayed times the holder's accept length."""
+        per_piece = (self.pair.accept_length or 1.0) if holder == "mtp" else 1.0
+        return self.streams.running_tokens(self.pair.backends[holder], per_piece)
 
     def preferred(self) -> Role:
         return wanted("mtp", self.load(time.monotonic()))
@@ -107,8 +117,8 @@ def build_turns(settings: Settings, pool: Pool, upstream: Upstream, streams: Str
             follower = FollowDriver(handles, upstream, controller)
             pair.turns = drivers[name] = follower
             continue
-        driver = PairDriver(handles, wish=LoadWish(pool, pair, turns, lambda: waiting.waiting),
-                            journal=journal, events=metrics)
+        wish = LoadWish(pool, pair, turns, lambda: waiting.waiting, streams)
+        driver = PairDriver(handles, wish=wish, journal=journal, events=metrics)
         pair.turns = driver
         drivers[name] = driver
     return TurnsRuntime(drivers, waiting)

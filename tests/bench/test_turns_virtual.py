@@ -12,14 +12,12 @@ from gateway.bench.turns_virtual import (
     Phase,
     TurnModel,
     parse_schedule,
-    reusable_context,
     run_virtual,
     turns_routing,
 )
 from gateway.bench.workloads import make_workload
 from gateway.cli import main
 from gateway.config import Routing
-from gateway.sessions import SessionActivity
 from gateway.sim.profile import packaged_timings, single_profile
 
 ROUTING = Routing()
@@ -177,20 +175,6 @@ def test_bench_sim_schedule_reports_the_whole_run_and_each_phase(tmp_path, capsy
 def test_bench_sim_schedule_rejects_a_bad_schedule(capsys):
     assert main(["bench", "--sim", "--no-progress", "--schedule", "4:abc"]) == 2
     assert "--schedule takes C:SECONDS" in capsys.readouterr().err
-
-
-def test_a_turn_throws_away_the_context_of_the_sessions_at_work_only():
-    sessions = SessionActivity()
-    last_prompt = {"a": 6000, "b": 4000, "gone": 9000}
-    sessions.begin("gone", now=0.0, idle_s=6.0)
-    sessions.end("gone", now=0.0, idle_s=6.0)
-    sessions.begin("a", now=9.0, idle_s=6.0)  # in flight
-    sessions.begin("b", now=9.0, idle_s=6.0)
-    sessions.end("b", now=9.0, idle_s=6.0)  # between two turns: still at work
-    # at 10 s "gone" has been idle 10 s: no longer at work
-    assert reusable_context(sessions, last_prompt, now=10.0, idle_s=6.0) == 10_000
-    assert reusable_context(sessions, last_prompt, now=16.0, idle_s=6.0) == 6_000
-    assert reusable_context(SessionActivity(), last_prompt, now=10.0, idle_s=6.0) == 0
 
 
 def test_finish_back_continues_on_the_way_to_plain_and_finishes_on_the_way_back():

@@ -1,0 +1,67 @@
+"""The live controller's hand-over wish (gateway/turns/wiring.LoadWish) counts what a turn throws
+away, as the virtual bench's controller does: the prefix cache of the sessions at work and the
+running streams the incoming server must prefill again. A pair with a warm agentic cache or
+long streams running holds the memory longer before it turns. Clocks are passed in."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from gateway.config import Turns
+from gateway.exchange import Exchange
+from gateway.handover import Handover
+from gateway.pool import Ask, Lease, Pool
+from gateway.turns.state import PairMemory
+from gateway.turns.wiring import LoadWish
+from tests.turns.test_pool_gate import Gate, turns_pool
+
+MTP_HOLDS = PairMemory("holding", (("mtp", "held"), ("plain", "released")))
+SETTLED_AT = 1.0  # the last turn ended; it cost 1.5 s: a cold pair's dwell is 10 x 1.5 = 15 s
+
+
+def _wish(pool: Pool, streams: Handover) -> LoadWish:
+    wish = LoadWish(pool, pool.pairs["p0"], Turns(), lambda: 0, streams)
+    wish.settled("mtp", SETTLED_AT, turn_s=1.5)
+    return wish
+
+
+def _busy_pool(session_prompts: int = 0) -> Pool:
+    """Six requests on MTP, past the crossover of 4: the load wants plain. Each in a session
+    with a prompt of `session_prompts` tokens, or (0) none in a session."""
+    pool = turns_pool(Gate("mtp"))
+    for k in range(6):
+        ask = Ask(session=f"s{k}", prompt_tokens=session_prompts) if session_prompts else Ask()
+        assert isinstance(pool.admit(ask, SETTLED_AT), Lease)
+    return pool
+
+
+def _no_streams() -> Handover:
+    return Handover(cast(Any, None), cast(Any, None))
+
+
+def test_a_warm_session_cache_holds_the_memory_longer_before_a_turn() -> None:
+    cold = _wish(_busy_pool(), _no_streams())
+    assert cold.turn_to(MTP_HOLDS, now=20.0) == "plain"  # past its 15 s dwell
+    # 6 x 40k tokens at 16k tokens/s: a turn costs 1.5 + 15 s, the dwell 165 s
+    warm = _wish(_busy_pool(session_prompts=40_000), _no_streams())
+    assert warm.turn_to(MTP_HOLDS, now=20.0) is None
+    assert warm.turn_to(MTP_HOLDS, now=SETTLED_AT + 166.0) == "plain"
+
+
+def test_long_running_streams_hold_the_memory_longer_before_a_turn() -> None:
+    pool = _busy_pool()
+    mtp = pool.pairs["p0"].backends["mtp"]
+    mtp.record_server_info(None, accept_length=2.5)
+    lease = pool.admit(Ask(prompt_tokens=100_000), SETTLED_AT)
+    assert isinstance(lease, Lease)
+    stream = Exchange(cast(Any, None), [], lease, SETTLED_AT, cast(Any, None))
+    stream.recent.extend([b"data: {}\n\n"] * 1000)  # 1000 pieces of 2.5 tokens each
+    streams = _no_streams()
+    streams.running[mtp] = {stream: None}
+    wish = _wish(pool, streams)
+    assert wish.continued_tokens("mtp") == 102_500
+    # a turn re-prefills 102.5k tokens at 16k tokens/s: it costs 1.5 + 6.4 s, the dwell 79 s
+    assert wish.turn_to(MTP_HOLDS, now=20.0) is None
+    assert wish.turn_to(MTP_HOLDS, now=SETTLED_AT + 80.0) == "plain"
+    streams.running[mtp] = {}  # it ended: the cold dwell again
+    assert _wish(pool, streams).turn_to(MTP_HOLDS, now=20.0) == "plain"
