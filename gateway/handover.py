@@ -37,9 +37,9 @@ from gateway.metrics import GatewayMetrics
 from gateway.moves import choose_moves
 from gateway.pump import pump
 from gateway.upstream import UpstreamResponse
+from gateway.watchdog import IDLE  # the watchdog's reason for a silent backend
 
 log = logging.getLogger("mtp_gateway.relay")
-IDLE = "timeout_idle"  # the watchdog's reason for a silent backend
 
 
 @dataclass(frozen=True)

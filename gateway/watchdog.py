@@ -1,11 +1,15 @@
-"""One timer per request for every deadline, instead of a timeout context per chunk.
+"""Every deadline of a request without a timeout context per chunk, nor a clock read per piece.
 
-The relay's hot loop does nothing for the watchdog: while a stream relays, the watchdog
-`follow`s a count of what the backend has sent and compares it when its timer fires, looking at
-least every quarter of the keep-alive interval and of `idle_s` (a clock read per piece was
-1,100 instructions of every chunk's ~15,000). A look that sees the count grown dates the
-backend's last bytes to itself: a deadline is never early and at most a quarter late. A
-stream's timer is never further than a look from the start, so its first byte re-arms nothing.
+Each request has one timer of its own, for the deadlines that do not move: the total, and a
+stream's first byte. From a stream's first byte on, its idle and keep-alive deadlines are
+looked at by one timer for every stream of the loop (`_Looks`), every eighth of the keep-alive
+interval and of `idle_s`: a stream's timer would be made and cancelled each time (12.4k
+instructions, callgrind), the shared look costs a call per stream. While a stream relays, the
+watchdog `follow`s a count of what the backend has sent and a look that sees it grown dates the
+backend's last bytes to itself (the relay's hot loop does nothing for the watchdog: a clock
+read per piece was 1,100 instructions of every chunk's ~15,000). So these deadlines are never
+early and at most two looks (a quarter) late.
+
 When a deadline passes (first byte, idle, total), the client disconnects, or the stream has
 been silent long enough to need a keep-alive comment, the watchdog cancels the request's task
 and records why; the relay catches the CancelledError, reads `reason`, and either ends the
@@ -15,13 +19,15 @@ request cleanly or, for a keep-alive, uncancels, writes the comment and reads on
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable
 
 from gateway.config import Timeouts
 
 KEEPALIVE = "keepalive"
 CLIENT_GONE = "client_disconnect"
-LOOKS_PER_DEADLINE = 4  # while following a stream: the idle and keep-alive deadlines' precision
+IDLE = "timeout_idle"
+LOOKS_PER_DEADLINE = 8  # a stream's idle and keep-alive deadlines are looked at this often
 
 
 class Watchdog:
@@ -39,6 +45,7 @@ class Watchdog:
         self.first_byte_seen = False
         self.reading = False  # True only while awaiting upstream bytes: safe to interrupt
         self._handle: asyncio.TimerHandle | None = None
+        self._looks: _Looks | None = None  # from a stream's first byte until stop()
         self._progress: Callable[[], int] | None = None  # while following a relaying stream
         self._seen = 0  # the progress count at the last look
         keepalive_s = self._keepalive_s or timeouts.idle_s
@@ -48,17 +55,19 @@ class Watchdog:
         self._arm()
 
     def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self._cancel_timer()
+        if self._looks is not None:
+            self._looks.discard(self)
+            self._looks = None
 
     def got_bytes(self) -> None:
         """Bytes from the backend, now (before a stream relays: its first events)."""
         self.last_activity = self.last_sent = self._loop.time()
-        # From here on the idle deadline applies: the next look (a stream's timer is never
-        # further than _look_s) arms for it, no timer made and cancelled here (12k
-        # instructions a request).
-        self.first_byte_seen = True
+        if not self.first_byte_seen:
+            self.first_byte_seen = True
+            if self._stream:  # from here on its idle and keep-alive deadlines are looked at
+                self._looks = _looks(self._loop, self._look_s)
+                self._looks.add(self)
 
     def follow(self, progress: Callable[[], int] | None) -> None:
         """From now on (until `follow(None)`) the backend's bytes are known by `progress()`, a
@@ -80,59 +89,97 @@ class Watchdog:
         self.reason = None
         self._task.uncancel()
         self.last_activity = self.last_sent = self._loop.time()
-        self._arm()
+        if self._handle is None:  # it fired while the request was interrupted
+            self._arm()
 
     def handled_keepalive(self) -> None:
-        """The relay wrote a keep-alive comment: clear the interruption and re-arm."""
+        """The relay wrote a keep-alive comment: clear the interruption."""
         self.reason = None
         self._task.uncancel()
         self.last_sent = self._loop.time()  # not last_activity: the backend is still silent
-        self._arm()
 
-    def _deadlines(self) -> list[tuple[float, str]]:
-        t = self._timeouts
-        deadlines = [(self._started + t.total_s, "timeout_total")]
-        if not self._stream:
-            return deadlines
-        if self.first_byte_seen:
-            deadlines.append((self.last_activity + t.idle_s, "timeout_idle"))
-        else:
-            deadlines.append((self._started + t.first_byte_s, "timeout_first_byte"))
-        if self._keepalive_s > 0 and self.first_byte_seen:  # before it: relay._attempt's job
-            deadlines.append((self.last_sent + self._keepalive_s, KEEPALIVE))
-        return deadlines
-
-    def _arm(self) -> None:
-        self.stop()
-        when = min(deadline for deadline, _ in self._deadlines())
-        if self._stream:  # a stream may be followed, or see its first byte: look again soon
-            when = min(when, self._loop.time() + self._look_s)
-        self._handle = self._loop.call_at(when, self._fire)
-
-    def _look(self, now: float) -> None:
-        """A stream's bytes since the last look are dated now: at most a look late."""
+    def look(self, now: float) -> None:
+        """A stream's idle and keep-alive deadlines, now (`_Looks`, after its first byte)."""
+        if self.reason is not None:
+            return
         progress = self._progress
         if progress is not None:
             seen = progress()
-            if seen != self._seen:
+            if seen != self._seen:  # bytes since the last look: dated now, nothing is due
                 self._seen = seen
                 self.last_activity = self.last_sent = now
+                return
+        if now >= self.last_activity + self._timeouts.idle_s:
+            self.kick(IDLE)
+        elif self._keepalive_s > 0 and now >= self.last_sent + self._keepalive_s \
+                and self.reading:  # not reading: busy writing to a slow client, the next look
+            self.kick(KEEPALIVE)
+
+    def _cancel_timer(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _arm(self) -> None:
+        """The request's own timer: the total deadline, and before the first byte a stream's."""
+        self._cancel_timer()
+        t = self._timeouts
+        when = self._started + t.total_s
+        if self._stream and not self.first_byte_seen:
+            when = min(when, self._started + t.first_byte_s)
+        self._handle = self._loop.call_at(when, self._fire)
 
     def _fire(self) -> None:
         self._handle = None
         if self.reason is not None:
             return
-        now = self._loop.time()
-        self._look(now)
-        due = [reason for deadline, reason in self._deadlines() if deadline <= now]
-        timeouts = [reason for reason in due if reason != KEEPALIVE]
-        if timeouts:
-            self.kick(timeouts[0])
+        now, t = self._loop.time(), self._timeouts
+        if now >= self._started + t.total_s:
+            self.kick("timeout_total")
+        elif self._stream and not self.first_byte_seen and now >= self._started + t.first_byte_s:
+            self.kick("timeout_first_byte")
+        else:
+            self._arm()
+
+
+class _Looks:
+    """One timer for every stream of a loop with the same look interval: each look calls every
+    stream's `Watchdog.look`, a call where a timer per stream was one made and one cancelled."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float) -> None:
+        self._loop = weakref.ref(loop)  # _LOOKS is keyed by it: no reference back
+        self._interval_s = interval_s
+        self._watchdogs: dict[Watchdog, None] = {}  # each from its first byte to its stop()
+        self._handle: asyncio.TimerHandle | None = None
+
+    def add(self, watchdog: Watchdog) -> None:
+        self._watchdogs[watchdog] = None
+        loop = self._loop()
+        if self._handle is None and loop is not None:
+            self._handle = loop.call_at(loop.time() + self._interval_s, self._look)
+
+    def discard(self, watchdog: Watchdog) -> None:
+        self._watchdogs.pop(watchdog, None)
+
+    def _look(self) -> None:
+        self._handle = None
+        loop = self._loop()
+        if loop is None or not self._watchdogs:
             return
-        if due and self.reading:
-            self.kick(KEEPALIVE)
-            return
-        if due:  # silent but busy writing to a slow client: look again shortly
-            self._handle = self._loop.call_at(now + 0.5, self._fire)
-            return
-        self._arm()
+        now = loop.time()
+        for watchdog in list(self._watchdogs):
+            watchdog.look(now)
+        self._handle = loop.call_at(now + self._interval_s, self._look)
+
+
+_LOOKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, _Looks]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _looks(loop: asyncio.AbstractEventLoop, interval_s: float) -> _Looks:
+    """The loop's shared look at this interval (tests run gateways of several settings)."""
+    by_interval = _LOOKS.setdefault(loop, {})
+    looks = by_interval.get(interval_s)
+    if looks is None:
+        looks = by_interval[interval_s] = _Looks(loop, interval_s)
+    return looks
