@@ -154,7 +154,7 @@ class PairDriver:
             target = self.wish.turn_to(state, self.pair.clock()) if state.phase == "holding" else None
             if target is not None and can_turn_to(state, target):
                 self._turn_started = self.pair.clock()
-                log.warning("pair %s: handing the memory %s -> %s", self.pair.name, state.holder,
+                log.info("pair %s: handing the memory %s -> %s", self.pair.name, state.holder,
                             target)
                 self._set(begin_turn(state, target, self.pair.clock()))
                 return
@@ -200,7 +200,7 @@ class PairDriver:
             log.error("pair %s: %s; it serves on its holder and never turns", self.pair.name,
                       state.cannot_turn)
         if state.phase == "settling":
-            log.warning("pair %s: settling on %s: %s", self.pair.name, state.target,
+            log.info("pair %s: settling on %s: %s", self.pair.name, state.target,
                         ", ".join(map(str, state.plan)))
 
     async def _run_plan(self) -> None:
@@ -223,11 +223,11 @@ class PairDriver:
             self.wish.settled(self.state.holder, self.pair.clock(), took if kind == "handing" else None)
             if kind == "handing":
                 self.turns_done += 1
-                log.warning("pair %s: memory handed to %s%s", self.pair.name, self.state.holder,
+                log.info("pair %s: memory handed to %s%s", self.pair.name, self.state.holder,
                             "" if took is None else f" in {took:.2f} s")
                 self._outcome("done", took)
             else:
-                log.warning("pair %s: settled, %s holds the memory", self.pair.name,
+                log.info("pair %s: settled, %s holds the memory", self.pair.name,
                             self.state.holder)
                 self._outcome("settled")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -99,7 +100,8 @@ def assert_safe(device: Device, servers: dict[str, FakeServer], runtime: Any) ->
 
 
 @pytest.mark.timeout(40)
-async def test_a_turn_each_way_keeps_every_stream_whole():
+async def test_a_turn_each_way_keeps_every_stream_whole(caplog):
+    caplog.set_level(logging.INFO, logger="mtp_gateway.turns")
     async with fake_pair("mtp") as (device, servers, urls), gateway(urls) as (runtime, url):
         await holding(runtime, "mtp")
         async with httpx.AsyncClient(base_url=url, timeout=20) as client:
@@ -125,6 +127,11 @@ async def test_a_turn_each_way_keeps_every_stream_whole():
         assert state["pairs"][0]["memory"]["holder"] == "mtp"
         assert state["pairs"][0]["memory"]["turns"] == 2
         assert_safe(device, servers, runtime)
+    # a clean turn is the pair's normal work: said at INFO, nothing an operator's alert on
+    # warnings would page for
+    turns_said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "mtp_gateway.turns"]
+    assert any("memory handed to plain" in message for _, message in turns_said)
+    assert [m for level, m in turns_said if level >= logging.WARNING] == []
 
 
 FAILURES = [  # (server, step, fault, the holder after, the failure's kind on /metrics)
