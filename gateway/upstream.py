@@ -9,6 +9,10 @@ the gateway under the issue's CPU-per-chunk targets. httptools (the parser uvico
 does the HTTP parsing; this module only keeps connections and maps failures to the gateway's
 error tree. Backends are SGLang servers: plain HTTP/1.1 answers with Content-Length or chunked
 bodies, no redirects, no compression asked for.
+
+One module of ~480 lines on purpose: the connection pool, the request writer and the response
+delivered by callback share one connection's state (its parser, its transport, whether it may
+be kept), which has one owner here; split, each part would reach into the others' fields.
 """
 
 from __future__ import annotations
