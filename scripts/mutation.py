@@ -68,7 +68,7 @@ MUTMUT_CONFIG = """
 source_paths = ["gateway"]
 only_mutate = ["gateway/{module}.py"]
 pytest_add_cli_args_test_selection = {tests}
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q"]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-x", "-q", "-n", "0"]  # no workers: mutmut runs many
 max_children = {children}
 """
 
