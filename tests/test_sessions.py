@@ -53,6 +53,17 @@ def test_a_turn_throws_away_the_last_prompt_of_the_sessions_at_work_only() -> No
     assert SessionActivity().reusable_context(now=10.0, idle_s=6.0) == 0
 
 
+def test_a_session_idle_exactly_idle_s_is_still_at_work_and_an_unsized_one_counts_nothing() -> None:
+    # the same edge as at_work: idle for exactly session_idle_s, its next turn still extends it
+    sessions = SessionActivity()
+    sessions.begin("a", 0.0, 6.0, prompt_tokens=3000)
+    sessions.end("a", 4.0, 6.0)
+    sessions.begin("unsized", 4.0, 6.0)  # a request whose size nobody estimated
+    assert sessions.at_work(10.0, 6.0) == 2
+    assert sessions.reusable_context(now=10.0, idle_s=6.0) == 3000
+    assert sessions.reusable_context(now=10.5, idle_s=6.0) == 0
+
+
 def test_a_forgotten_session_leaves_no_prompt_behind() -> None:
     sessions = SessionActivity()
     sessions.begin("a", 0.0, 6.0, prompt_tokens=5000)
