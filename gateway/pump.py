@@ -136,7 +136,7 @@ def _relay(exchange: Exchange, response: UpstreamResponse, fast: ClientWriter | 
         """The pieces so far, read at the watchdog's looks: where the transcript is bounded
         too, at no cost per piece."""
         exchange.bound_transcript()
-        return exchange.dropped + len(recent) + held
+        return exchange.relayed_pieces() + held
 
     return relay, progress
 
