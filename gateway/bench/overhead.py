@@ -99,6 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bare-relay", action="store_true",
                         help="a fourth column: the floor of a Python relay on uvloop (no gateway "
                              "logic; gateway/bench/overhead_bare_relay.py), pinned like the gateway")
+    parser.add_argument("--asgi-relay", action="store_true",
+                        help="another column: the gateway's HTTP stack without its logic (uvicorn, "
+                             "the gateway's protocol and upstream client, an ASGI app of a few "
+                             "lines; gateway/bench/overhead_asgi_relay.py), pinned like the gateway")
     parser.add_argument("--no-router", action="store_true",
                         help="skip the sglang-router column (it runs when sglang_router is installed)")
     parser.add_argument("--profile", metavar="DIR", default=None,
@@ -197,8 +201,7 @@ class Harness:
         self.router: subprocess.Popen[Any] | None = None
         self.router_port = 0
         self.router_error: str | None = None  # why there is no router column, when there is none
-        self.bare: subprocess.Popen[str] | None = None
-        self.bare_port = 0
+        self.floors: dict[str, tuple[subprocess.Popen[str], int]] = {}  # "bare", "asgi": (proc, port)
 
     def start(self) -> None:
         env = _clean_env()
@@ -256,13 +259,15 @@ class Harness:
         else:
             self.router_error = self._start_router(upstream_url, env)
 
-        if getattr(self.args, "bare_relay", False) and not counting:
-            self.bare = subprocess.Popen(
-                [sys.executable, "-m", "gateway.bench.overhead_bare_relay", "--upstream-port",
-                 str(self.upstream_port)], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=env,
-                preexec_fn=_preexec(self.gw_cpus))
-            self.procs.append(self.bare)
-            self.bare_port = int(self._ready_line(self.bare, "bare relay").split()[1])
+        for name, module, flag in (("bare", "overhead_bare_relay", "bare_relay"),
+                                   ("asgi", "overhead_asgi_relay", "asgi_relay")):
+            if getattr(self.args, flag, False) and not counting:
+                floor = subprocess.Popen(
+                    [sys.executable, "-m", f"gateway.bench.{module}", "--upstream-port",
+                     str(self.upstream_port)], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                    env=env, preexec_fn=_preexec(self.gw_cpus))
+                self.procs.append(floor)
+                self.floors[name] = (floor, int(self._ready_line(floor, module).split()[1]))
 
         self.loadgen = subprocess.Popen(
             [sys.executable, "-m", "gateway.bench.overhead_client"],
@@ -348,9 +353,9 @@ class Harness:
         if name == "router":
             assert self.router is not None
             return self.router_port, self.router.pid
-        if name == "bare":
-            assert self.bare is not None
-            return self.bare_port, self.bare.pid
+        if name in self.floors:
+            floor, port = self.floors[name]
+            return port, floor.pid
         return self.upstream_port, self.upstream.pid
 
     def gateway_stack(self) -> dict[str, bool]:
@@ -556,8 +561,7 @@ def run_matrix(args: argparse.Namespace, h: Harness) -> tuple[list[dict[str, Any
     targets = ["gateway"] if args.gateway_only else ["direct", "gateway"]
     if h.router is not None:
         targets.append("router")
-    if h.bare is not None:
-        targets.append("bare")
+    targets += list(h.floors)
     runs: list[dict[str, Any]] = []
     conns = {"new_connections": 0, "requests": 0}
     total = args.repeats * len(points) * len(targets)

@@ -27,6 +27,9 @@ def _sub(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
+# The relays without the gateway's logic, cheapest first: (column, row name, title).
+FLOORS = (("bare", "bare relay", "bare Python relay"),
+          ("asgi", "uvicorn relay", "uvicorn + ASGI relay"))
 KEYS = ("chunks_per_s", "requests_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
         "watched_cpu_ms_per_1k_chunks", "watched_cpu_util", "watched_rss_mb", "watched_hwm_mb")
 
@@ -75,11 +78,12 @@ def aggregate_point(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                           for d, g in pairs("gateway")]),
         },
     }
-    bare = side("bare")
-    if bare:  # the floor of a Python relay (--bare-relay)
-        out["bare"] = {k: median([r.get(k) for r in bare]) for k in KEYS}
-        out["bare_added"] = _added(pairs("bare"))
-        out["errors"]["bare"] = sum(r["errors"] for r in bare)
+    for name, _, _ in FLOORS:  # the relays without the gateway's logic (--bare-relay, --asgi-relay)
+        floor = side(name)
+        if floor:
+            out[name] = {k: median([r.get(k) for r in floor]) for k in KEYS}
+            out[f"{name}_added"] = _added(pairs(name))
+            out["errors"][name] = sum(r["errors"] for r in floor)
     router = side("router")
     if router:
         out["router"] = {k: median([r.get(k) for r in router]) for k in KEYS}
@@ -231,20 +235,20 @@ def _router_table(report: dict[str, Any]) -> list[str]:
                  key=lambda p: (p["max_tokens"], p["concurrency"]))
     if not pts:
         return []
-    bare = any("bare" in p for p in pts)
+    floors = [(name, title) for name, _, title in FLOORS if any(name in p for p in pts)]
     lines = ["## Gateway / sglang-router (same run, same load)", "",
              "| C x max_tokens | CPU-ms per 1k chunks: gateway / router "
-             + ("| bare Python relay CPU-ms per 1k chunks / router " if bare else "")
+             + "".join(f"| {title} CPU-ms per 1k chunks / router " for _, title in floors)
              + "| added TTFT p50 ms: gateway / router | added TTFT p99 ms: gateway / router "
              "| chunks/s: gateway / router |",
-             "|---|---:|" + ("---:|" if bare else "") + "---:|---:|---:|"]
+             "|---|---:|" + "---:|" * len(floors) + "---:|---:|---:|"]
     for p in pts:
         g, r, ga, ra, v = p["gateway"], p["router"], p["added"], p["router_added"], p["vs_router"]
         floor = ""
-        if bare:
-            b = (p.get("bare") or {}).get("watched_cpu_ms_per_1k_chunks")
+        for name, _ in floors:
+            b = (p.get(name) or {}).get("watched_cpu_ms_per_1k_chunks")
             rc = r["watched_cpu_ms_per_1k_chunks"]
-            floor = f"{_f(b)} ({_f(b / rc if b and rc else None, 2)}x) | "
+            floor += f"{_f(b)} ({_f(b / rc if b and rc else None, 2)}x) | "
         lines.append(
             f"| {p['concurrency']} x {p['max_tokens']} | {_f(g['watched_cpu_ms_per_1k_chunks'])} / "
             f"{_f(r['watched_cpu_ms_per_1k_chunks'])} ({_f(v['cpu_per_chunk'], 2)}x) | {floor}"
@@ -333,7 +337,7 @@ def markdown(report: dict[str, Any]) -> str:
             + " | - | - | - | - | " + " / ".join(str(p["errors"]["direct"]) for p in pts) + " |",
         ]
         for name, side, added in (("gateway", "gateway", "added"), ("router", "router", "router_added"),
-                                  ("bare relay", "bare", "bare_added")):
+                                  *((row, floor, f"{floor}_added") for floor, row, _ in FLOORS)):
             for p in pts:
                 if side not in p:
                     continue

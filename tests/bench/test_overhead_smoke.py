@@ -35,8 +35,8 @@ def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("overhead")
     json_path, md_path = out / "overhead.json", out / "overhead.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway", "overhead", "--quick", "--json", str(json_path),
-         "--markdown", str(md_path)],
+        [sys.executable, "-m", "gateway", "overhead", "--quick", "--bare-relay", "--asgi-relay",
+         "--json", str(json_path), "--markdown", str(md_path)],
         cwd=REPO, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(json_path.read_text()), md_path.read_text()
@@ -46,7 +46,7 @@ def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
 def test_quick_run_completes_without_errors(quick_report: tuple[dict, str]) -> None:
     report, _ = quick_report
     assert report["errors_total"] == 0
-    columns = {"direct", "gateway"} | ({"router"} if report["router"]["ran"] else set())
+    columns = {"direct", "gateway", "bare", "asgi"} | ({"router"} if report["router"]["ran"] else set())
     assert {(r["target"], r["concurrency"], r["max_tokens"]) for r in report["runs"]} == {
         (column, 32, 16) for column in columns}
     for run in report["runs"]:
@@ -111,3 +111,15 @@ def test_quick_report_has_the_router_column(quick_report: tuple[dict, str]) -> N
     assert target["passed"] is not None and "x)" in target["figure"]
     assert "| router | 32 |" in markdown
     assert "## Gateway / sglang-router" in markdown and "| 32 x 16 |" in markdown
+
+
+@pytest.mark.timeout(180)
+def test_quick_report_has_the_floor_columns(quick_report: tuple[dict, str]) -> None:
+    """The relays without the gateway's logic, measured like it: what its cost splits into."""
+    report, markdown = quick_report
+    (point,) = report["points"]
+    for floor, row in (("bare", "bare relay"), ("asgi", "uvicorn relay")):
+        assert point["errors"][floor] == 0
+        assert all(point[floor][k] is not None for k in POINT_FIELDS), point[floor]
+        assert point[f"{floor}_added"]["ttft_p50_ms"] is not None
+        assert f"| {row} | 32 |" in markdown
