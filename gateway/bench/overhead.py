@@ -103,6 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="another column: the gateway's HTTP stack without its logic (uvicorn, "
                              "the gateway's protocol and upstream client, an ASGI app of a few "
                              "lines; gateway/bench/overhead_asgi_relay.py), pinned like the gateway")
+    parser.add_argument("--granian", action="store_true",
+                        help="two more columns on granian, a compiled (Rust) ASGI server (pip "
+                             "install granian): the ASGI relay, and the gateway itself "
+                             "(gateway/bench/granian_front.py)")
     parser.add_argument("--no-router", action="store_true",
                         help="skip the sglang-router column (it runs when sglang_router is installed)")
     parser.add_argument("--profile", metavar="DIR", default=None,
@@ -259,15 +263,8 @@ class Harness:
         else:
             self.router_error = self._start_router(upstream_url, env)
 
-        for name, module, flag in (("bare", "overhead_bare_relay", "bare_relay"),
-                                   ("asgi", "overhead_asgi_relay", "asgi_relay")):
-            if getattr(self.args, flag, False) and not counting:
-                floor = subprocess.Popen(
-                    [sys.executable, "-m", f"gateway.bench.{module}", "--upstream-port",
-                     str(self.upstream_port)], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-                    env=env, preexec_fn=_preexec(self.gw_cpus))
-                self.procs.append(floor)
-                self.floors[name] = (floor, int(self._ready_line(floor, module).split()[1]))
+        if not counting:
+            self._start_extra_columns(config, env)
 
         self.loadgen = subprocess.Popen(
             [sys.executable, "-m", "gateway.bench.overhead_client"],
@@ -311,16 +308,43 @@ class Harness:
             raise RuntimeError(f"{what} did not start (exit {proc.poll()}): {line!r}")
         return line
 
-    def _wait_gateway(self, timeout_s: float = 30.0) -> None:
-        """Until /health says both backends are up with the upstream's cap known."""
-        assert self.gateway is not None
+    def _start_extra_columns(self, config: Path, env: dict[str, str]) -> None:
+        """The relays without the gateway's logic, and the gateway on another HTTP front,
+        each pinned like the gateway (the report's FLOORS)."""
+        upstream = ["--upstream-port", str(self.upstream_port)]
+        granian = getattr(self.args, "granian", False)
+        columns = [
+            ("bare", ["gateway.bench.overhead_bare_relay", *upstream], self.args.bare_relay),
+            ("asgi", ["gateway.bench.overhead_asgi_relay", *upstream], self.args.asgi_relay),
+            ("granian", ["gateway.bench.overhead_asgi_relay", *upstream, "--server", "granian"],
+             granian),
+            ("gw_granian", ["gateway.bench.granian_front", "--config", str(config)], granian)]
+        for name, module, wanted in columns:
+            if not wanted:
+                continue
+            process = subprocess.Popen(
+                [sys.executable, "-m", *module], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                env=env, preexec_fn=_preexec(self.gw_cpus))
+            self.procs.append(process)
+            port = int(self._ready_line(process, name).split()[1])
+            if name == "gw_granian":
+                self._wait_gateway(port=port, process=process)
+            self.floors[name] = (process, port)
+
+    def _wait_gateway(self, timeout_s: float = 30.0, port: int = 0,
+                      process: subprocess.Popen[Any] | None = None) -> None:
+        """Until /health says both backends are up with the upstream's cap known (of the
+        gateway, or of the gateway at `port` run by `process`)."""
+        process = process or self.gateway
+        assert process is not None
+        port = port or self.gateway_port
         deadline = time.monotonic() + timeout_s
         last = ""
         while time.monotonic() < deadline:
-            if self.gateway.poll() is not None:
+            if process.poll() is not None:
                 break
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.gateway_port}/health", timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                     body = json.loads(r.read())
                 backends = body.get("backends", {})
                 caps = [b.get("effective_cap") for b in backends.values()]
@@ -331,7 +355,7 @@ class Harness:
                 last = repr(exc)
             time.sleep(0.1)
         tail = self.gateway_log.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"gateway not ready (exit {self.gateway.poll()}), last: {last}\n{tail}")
+        raise RuntimeError(f"gateway not ready (exit {process.poll()}), last: {last}\n{tail}")
 
     def command(self, cmd: dict[str, Any]) -> dict[str, Any]:
         assert self.loadgen is not None and self.loadgen.stdin and self.loadgen.stdout

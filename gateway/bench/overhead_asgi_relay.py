@@ -10,9 +10,11 @@ So the overhead report splits the gateway's cost in three: the bare relay (Pytho
 one recv and one send per chunk), this minus the bare relay (uvicorn, ASGI and the two HTTP
 parsers), and the gateway minus this (the gateway's own work per request and per chunk).
 
-    python -m gateway.bench.overhead_asgi_relay --upstream-port P [--port 0]
+    python -m gateway.bench.overhead_asgi_relay --upstream-port P [--port 0] [--server granian]
 
-prints `READY <port>` once it serves.
+prints `READY <port>` once it serves. `--server granian` (issue 21's "a compiled HTTP front"):
+the same app on granian's Rust HTTP server (gateway/bench/granian_front.py). Granian has no
+body writer, so the app relays by ASGI `send`, one message a piece.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import uvicorn
 
 from gateway.asgi import Receive, Scope, Send
 from gateway.bench.fast_upstream import raise_nofile_limit
+from gateway.bench.granian_front import free_port, serve_granian
 from gateway.client_io import client_writer
 from gateway.server import gateway_http_protocol
 from gateway.upstream import Upstream
@@ -98,13 +101,18 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upstream-port", type=int, required=True)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--server", choices=("uvicorn", "granian"), default="uvicorn")
     args = parser.parse_args(argv)
     raise_nofile_limit()
+    app = AsgiRelay(f"http://127.0.0.1:{args.upstream_port}")
+    if args.server == "granian":
+        serve_granian(app, "127.0.0.1", args.port or free_port())
+        return 0
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", args.port))
     http, _ = gateway_http_protocol(64 * 1024)
-    config = uvicorn.Config(AsgiRelay(f"http://127.0.0.1:{args.upstream_port}"), loop="uvloop",
+    config = uvicorn.Config(app, loop="uvloop",
                             http=http, access_log=False, proxy_headers=False, log_level="warning",
                             timeout_keep_alive=75, backlog=4096)
     server = uvicorn.Server(config)

@@ -27,9 +27,11 @@ def _sub(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-# The relays without the gateway's logic, cheapest first: (column, row name, title).
+# The relays without the gateway's logic, and the gateway on another front: (column, row, title).
 FLOORS = (("bare", "bare relay", "bare Python relay"),
-          ("asgi", "uvicorn relay", "uvicorn + ASGI relay"))
+          ("asgi", "uvicorn relay", "uvicorn + ASGI relay"),
+          ("granian", "granian relay", "granian + ASGI relay"),
+          ("gw_granian", "gateway on granian", "gateway on granian"))
 KEYS = ("chunks_per_s", "requests_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
         "watched_cpu_ms_per_1k_chunks", "watched_cpu_util", "watched_rss_mb", "watched_hwm_mb")
 
