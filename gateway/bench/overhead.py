@@ -107,6 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="two more columns on granian, a compiled (Rust) ASGI server (pip "
                              "install granian): the ASGI relay, and the gateway itself "
                              "(gateway/bench/granian_front.py)")
+    parser.add_argument("--lean-front", action="store_true",
+                        help="two more columns on a lean HTTP/1.1 front of ~200 lines instead of "
+                             "uvicorn (gateway/bench/lean_front.py, a prototype): the ASGI relay, "
+                             "and the gateway itself")
     parser.add_argument("--no-router", action="store_true",
                         help="skip the sglang-router column (it runs when sglang_router is installed)")
     parser.add_argument("--profile", metavar="DIR", default=None,
@@ -313,12 +317,15 @@ class Harness:
         each pinned like the gateway (the report's FLOORS)."""
         upstream = ["--upstream-port", str(self.upstream_port)]
         granian = getattr(self.args, "granian", False)
+        lean = getattr(self.args, "lean_front", False)
         columns = [
             ("bare", ["gateway.bench.overhead_bare_relay", *upstream], self.args.bare_relay),
             ("asgi", ["gateway.bench.overhead_asgi_relay", *upstream], self.args.asgi_relay),
             ("granian", ["gateway.bench.overhead_asgi_relay", *upstream, "--server", "granian"],
              granian),
-            ("gw_granian", ["gateway.bench.granian_front", "--config", str(config)], granian)]
+            ("gw_granian", ["gateway.bench.granian_front", "--config", str(config)], granian),
+            ("lean", ["gateway.bench.overhead_asgi_relay", *upstream, "--server", "lean"], lean),
+            ("gw_lean", ["gateway.bench.lean_front", "--config", str(config)], lean)]
         for name, module, wanted in columns:
             if not wanted:
                 continue
@@ -327,7 +334,7 @@ class Harness:
                 env=env, preexec_fn=_preexec(self.gw_cpus))
             self.procs.append(process)
             port = int(self._ready_line(process, name).split()[1])
-            if name == "gw_granian":
+            if name.startswith("gw_"):
                 self._wait_gateway(port=port, process=process)
             self.floors[name] = (process, port)
 

@@ -10,11 +10,12 @@ So the overhead report splits the gateway's cost in three: the bare relay (Pytho
 one recv and one send per chunk), this minus the bare relay (uvicorn, ASGI and the two HTTP
 parsers), and the gateway minus this (the gateway's own work per request and per chunk).
 
-    python -m gateway.bench.overhead_asgi_relay --upstream-port P [--port 0] [--server granian]
+    python -m gateway.bench.overhead_asgi_relay --upstream-port P [--port 0] [--server granian|lean]
 
 prints `READY <port>` once it serves. `--server granian` (issue 21's "a compiled HTTP front"):
 the same app on granian's Rust HTTP server (gateway/bench/granian_front.py). Granian has no
-body writer, so the app relays by ASGI `send`, one message a piece.
+body writer, so the app relays by ASGI `send`, one message a piece. `--server lean`: on the
+benchmark's lean front (gateway/bench/lean_front.py), with its body writer.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import uvicorn
 from gateway.asgi import Receive, Scope, Send
 from gateway.bench.fast_upstream import raise_nofile_limit
 from gateway.bench.granian_front import free_port, serve_granian
+from gateway.bench.lean_front import run_lean
 from gateway.client_io import client_writer
 from gateway.server import gateway_http_protocol
 from gateway.upstream import Upstream
@@ -101,12 +103,15 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upstream-port", type=int, required=True)
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--server", choices=("uvicorn", "granian"), default="uvicorn")
+    parser.add_argument("--server", choices=("uvicorn", "granian", "lean"), default="uvicorn")
     args = parser.parse_args(argv)
     raise_nofile_limit()
     app = AsgiRelay(f"http://127.0.0.1:{args.upstream_port}")
     if args.server == "granian":
         serve_granian(app, "127.0.0.1", args.port or free_port())
+        return 0
+    if args.server == "lean":
+        run_lean(app, "127.0.0.1", args.port)
         return 0
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -31,7 +31,9 @@ def _sub(a: float | None, b: float | None) -> float | None:
 FLOORS = (("bare", "bare relay", "bare Python relay"),
           ("asgi", "uvicorn relay", "uvicorn + ASGI relay"),
           ("granian", "granian relay", "granian + ASGI relay"),
-          ("gw_granian", "gateway on granian", "gateway on granian"))
+          ("gw_granian", "gateway on granian", "gateway on granian"),
+          ("lean", "lean-front relay", "lean front + ASGI relay"),
+          ("gw_lean", "gateway on the lean front", "gateway on the lean front"))
 KEYS = ("chunks_per_s", "requests_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
         "watched_cpu_ms_per_1k_chunks", "watched_cpu_util", "watched_rss_mb", "watched_hwm_mb")
 

@@ -35,7 +35,7 @@ def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("overhead")
     json_path, md_path = out / "overhead.json", out / "overhead.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway", "overhead", "--quick", "--bare-relay", "--asgi-relay",
+        [sys.executable, "-m", "gateway", "overhead", "--quick", "--bare-relay", "--asgi-relay", "--lean-front",
          "--json", str(json_path), "--markdown", str(md_path)],
         cwd=REPO, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -46,7 +46,7 @@ def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
 def test_quick_run_completes_without_errors(quick_report: tuple[dict, str]) -> None:
     report, _ = quick_report
     assert report["errors_total"] == 0
-    columns = {"direct", "gateway", "bare", "asgi"} | ({"router"} if report["router"]["ran"] else set())
+    columns = {"direct", "gateway", "bare", "asgi", "lean", "gw_lean"} | ({"router"} if report["router"]["ran"] else set())
     assert {(r["target"], r["concurrency"], r["max_tokens"]) for r in report["runs"]} == {
         (column, 32, 16) for column in columns}
     for run in report["runs"]:
@@ -115,10 +115,12 @@ def test_quick_report_has_the_router_column(quick_report: tuple[dict, str]) -> N
 
 @pytest.mark.timeout(180)
 def test_quick_report_has_the_floor_columns(quick_report: tuple[dict, str]) -> None:
-    """The relays without the gateway's logic, measured like it: what its cost splits into."""
+    """The relays without the gateway's logic, and the gateway on the lean front, measured like
+    the gateway: what its cost splits into."""
     report, markdown = quick_report
     (point,) = report["points"]
-    for floor, row in (("bare", "bare relay"), ("asgi", "uvicorn relay")):
+    for floor, row in (("bare", "bare relay"), ("asgi", "uvicorn relay"),
+                       ("lean", "lean-front relay"), ("gw_lean", "gateway on the lean front")):
         assert point["errors"][floor] == 0
         assert all(point[floor][k] is not None for k in POINT_FIELDS), point[floor]
         assert point[f"{floor}_added"]["ttft_p50_ms"] is not None
