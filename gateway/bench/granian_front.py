@@ -61,23 +61,28 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def main(argv: list[str] | None = None) -> int:
+def gateway_from_argv(prog: str, doc: str | None, argv: list[str] | None) -> tuple[Any, str, int]:
+    """(the gateway's ASGI app, host, port) from `--config FILE [--host H] [--port P]`, the
+    process set up as `mtp-gateway serve` sets it up (its log handler, its tuning)."""
     from gateway.access_log import log_handler
     from gateway.app import create_app
     from gateway.cli import tune_process
     from gateway.config import load_settings
 
-    parser = argparse.ArgumentParser(prog="granian_front", description=__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, handlers=[log_handler()])  # as `serve` does
-    settings = load_settings(args.config)
+    logging.basicConfig(level=logging.INFO, handlers=[log_handler()])
     tune_process()
-    serve_granian(create_app(settings, config_path=args.config), args.host,
-                  args.port or free_port())
+    return create_app(load_settings(args.config), config_path=args.config), args.host, args.port
+
+
+def main(argv: list[str] | None = None) -> int:
+    app, host, port = gateway_from_argv("granian_front", __doc__, argv)
+    serve_granian(app, host, port or free_port())
     return 0
 
 

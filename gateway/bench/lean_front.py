@@ -17,7 +17,6 @@ print `READY <port>` once they accept connections.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import sys
@@ -223,21 +222,9 @@ def run_lean(app: Any, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gateway.access_log import log_handler
-    from gateway.app import create_app
-    from gateway.cli import tune_process
-    from gateway.config import load_settings
+    from gateway.bench.granian_front import gateway_from_argv
 
-    parser = argparse.ArgumentParser(prog="lean_front", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, handlers=[log_handler()])  # as `serve` does
-    tune_process()
-    run_lean(create_app(load_settings(args.config), config_path=args.config), args.host,
-             args.port)
+    run_lean(*gateway_from_argv("lean_front", __doc__, argv))
     return 0
 
 
