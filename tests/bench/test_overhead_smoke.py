@@ -35,7 +35,8 @@ def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("overhead")
     json_path, md_path = out / "overhead.json", out / "overhead.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway", "overhead", "--quick", "--bare-relay", "--asgi-relay", "--lean-front",
+        [sys.executable, "-m", "gateway", "overhead", "--quick", "--bare-relay", "--asgi-relay",
+         "--lean-front",
          "--json", str(json_path), "--markdown", str(md_path)],
         cwd=REPO, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -46,7 +47,8 @@ def quick_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
 def test_quick_run_completes_without_errors(quick_report: tuple[dict, str]) -> None:
     report, _ = quick_report
     assert report["errors_total"] == 0
-    columns = {"direct", "gateway", "bare", "asgi", "lean", "gw_lean"} | ({"router"} if report["router"]["ran"] else set())
+    columns = {"direct", "gateway", "bare", "asgi", "lean", "gw_lean"} | (
+        {"router"} if report["router"]["ran"] else set())
     assert {(r["target"], r["concurrency"], r["max_tokens"]) for r in report["runs"]} == {
         (column, 32, 16) for column in columns}
     for run in report["runs"]:
