@@ -111,6 +111,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="two more columns on a lean HTTP/1.1 front of ~200 lines instead of "
                              "uvicorn (gateway/bench/lean_front.py, a prototype): the ASGI relay, "
                              "and the gateway itself")
+    parser.add_argument("--gateway-process", choices=tuple(SEATS), default="serve",
+                        help="what runs in the gateway's place (all measurements, callgrind "
+                             "included): serve (the gateway on uvicorn), lean-gateway (on the lean "
+                             "front), asgi-relay, lean-relay, bare-relay (the relays without its "
+                             "logic)")
     parser.add_argument("--no-router", action="store_true",
                         help="skip the sglang-router column (it runs when sglang_router is installed)")
     parser.add_argument("--profile", metavar="DIR", default=None,
@@ -192,6 +197,18 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+# --gateway-process: what runs in the gateway's seat, as `python -m` arguments (CONFIG: the
+# gateway's config file, UPSTREAM: the fake upstream's port; --port is the gateway's).
+SEATS: dict[str, tuple[str, ...] | None] = {
+    "serve": None,
+    "lean-gateway": ("gateway.bench.lean_front", "--config", "CONFIG", "--port", "PORT"),
+    "asgi-relay": ("gateway.bench.overhead_asgi_relay", "--upstream-port", "UPSTREAM", "--port", "PORT"),
+    "lean-relay": ("gateway.bench.overhead_asgi_relay", "--upstream-port", "UPSTREAM", "--server",
+                   "lean", "--port", "PORT"),
+    "bare-relay": ("gateway.bench.overhead_bare_relay", "--upstream-port", "UPSTREAM", "--port", "PORT"),
+}
+
+
 class Harness:
     """The three processes, started in order and stopped by pid whatever happens."""
 
@@ -243,7 +260,12 @@ class Harness:
         log = open(self.gateway_log, "w")  # noqa: SIM115 - closed with the process
         serve = ["serve", "--config", str(config), "--host", "127.0.0.1", "--port", str(self.gateway_port),
                  "--log-level", "warning"]
-        if self.args.gateway_loop == "uvloop":
+        seat = SEATS[getattr(self.args, "gateway_process", "serve")]
+        if seat is not None:  # something else in the gateway's place
+            command = [sys.executable, "-m", seat[0],
+                       *({"CONFIG": str(config), "UPSTREAM": str(self.upstream_port),
+                          "PORT": str(self.gateway_port)}.get(a, a) for a in seat[1:])]
+        elif self.args.gateway_loop == "uvloop":
             prelude = ("import asyncio, runpy, sys, uvloop; "
                        "asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
                        "sys.argv = ['gateway', *sys.argv[1:]]; "
@@ -261,7 +283,10 @@ class Harness:
             stdout=log, stderr=subprocess.STDOUT, cwd=root, env={**env, "PYTHONPATH": str(root)},
             preexec_fn=_preexec(self.gw_cpus))
         self.procs.append(self.gateway)
-        self._wait_gateway(timeout_s=600.0 if counting else 30.0)
+        if seat is not None and "CONFIG" not in seat:  # a relay: no /health of its own
+            self._wait_port(self.gateway_port, timeout_s=600.0 if counting else 30.0)
+        else:
+            self._wait_gateway(timeout_s=600.0 if counting else 30.0)
         if self.args.no_router or self.args.gateway_only or counting:
             self.router_error = "not asked for (--no-router or --gateway-only)"
         else:
@@ -337,6 +362,20 @@ class Harness:
             if name.startswith("gw_"):
                 self._wait_gateway(port=port, process=process)
             self.floors[name] = (process, port)
+
+    def _wait_port(self, port: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.gateway is not None
+            if self.gateway.poll() is not None:
+                break
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        tail = self.gateway_log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"relay not listening (exit {self.gateway.poll()})\n{tail}")
 
     def _wait_gateway(self, timeout_s: float = 30.0, port: int = 0,
                       process: subprocess.Popen[Any] | None = None) -> None:
