@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -680,6 +681,10 @@ def run_sequential(args: argparse.Namespace, h: Harness, body_bytes: int, reques
 def run(args: argparse.Namespace) -> int:
     # A SIGTERM (timeout, CI) unwinds like an error: the harness stops what it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.granian and importlib.util.find_spec("granian") is None:
+        print("overhead --granian: granian is not installed (pip install granian; it is not a "
+              "dependency of the gateway)", file=sys.stderr)
+        return 2
     if args.callgrind or args.cprofile:
         return overhead_callgrind.run(args, harness, machine_info, command_line)
     if args.quick:
