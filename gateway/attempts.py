@@ -15,14 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 from gateway.asgi import Send
 from gateway.config import Settings
 from gateway.endings import Endings
 from gateway.errors import UpstreamBroken, UpstreamError, UpstreamRefused, UpstreamStatus
 from gateway.exchange import Exchange, failure_of
-from gateway.handover import Handover, unwind
+from gateway.handover import Handover
 from gateway.inbound import upstream_headers
 from gateway.metrics import GatewayMetrics
 from gateway.pump import KEEPALIVE_COMMENT
@@ -92,27 +91,30 @@ class Attempts:
 
     async def _open_movable(self, exchange: Exchange, send: Send, settings: Settings
                             ) -> Opened | None:
-        """One opening of a stream, raced against a planned move (None: it was moved). Only
-        the wait for the first event races: the relay of the chunks after it is untouched."""
-        opening = asyncio.ensure_future(self._open(exchange))
-        moved = self.handover.wait_for_first_event(exchange, opening).moved
-        keepalive_s = settings.timeouts.keepalive_s or None
+        """One opening of a stream, in the request's own task, which a planned move cancels
+        where it waits (None: it was moved). Meanwhile keep-alive comments go out. Only the
+        wait for the first event can be moved: the relay of the chunks after it is untouched."""
+        waiting = self.handover.wait_for_first_event(exchange)
+        keepalives = _KeepAlives(self.endings, exchange, send, settings.timeouts.keepalive_s)
+        opened: Opened | None
         try:
-            while True:
-                await _first_of(opening, moved, keepalive_s)
-                if moved.done():
-                    await unwind(opening)  # its upstream was closed and aborted by the move
-                    return None
-                if opening.done():
-                    return opening.result()
-                if not exchange.committed:
-                    await self.endings.commit(exchange, send, 200, _SSE_CONTENT_TYPE,
-                                              STREAM_HEADERS)
-                await send({"type": "http.response.body", "body": KEEPALIVE_COMMENT,
-                            "more_body": True})
-        finally:
-            self.handover.done_waiting(exchange)
-            opening.cancel()
+            try:
+                opened = await self._open(exchange)
+            finally:
+                self.handover.done_waiting(exchange)
+        except asyncio.CancelledError:
+            # The move's cancel and no other (a timeout, the client gone, the shutdown) is
+            # the request's to go on with: its upstream was closed on the way out, and the
+            # move aborted it there.
+            if not (waiting.moved and waiting.task.uncancel() == 0):
+                keepalives.stop()
+                raise
+            opened = None
+        except BaseException:
+            await keepalives.finish()  # one being written goes out whole: a retry may follow
+            raise
+        await keepalives.finish()  # one being written goes out before what follows
+        return opened
 
     async def _open(self, exchange: Exchange) -> Opened:
         inbound, target = exchange.inbound, exchange.lease.backend.target
@@ -161,23 +163,51 @@ class Attempts:
                 exchange.waiting.mid_event = framer.holding
 
 
-async def _first_of(a: asyncio.Future[Any], b: asyncio.Future[None], timeout_s: float | None) -> None:
-    """Until `a` or `b` is done or `timeout_s` has passed: asyncio.wait's FIRST_COMPLETED for
-    two, without its sets and per-call bookkeeping (every stream's opening waits here)."""
-    loop = asyncio.get_running_loop()
-    wake: asyncio.Future[None] = loop.create_future()
+class _KeepAlives:
+    """SSE keep-alive comments every `interval_s` while a stream's opening waits for its
+    first event (a long prefill, a queue), so idle-timeout proxies between the agent and the
+    gateway keep it open. A timer starts each write in a task of its own: the opening stays
+    in the request's task, where a planned move can cancel it, and a stream whose first
+    event comes sooner (almost every one) makes no task for it."""
 
-    def ready(_: object = None) -> None:
-        if not wake.done():
-            wake.set_result(None)
+    def __init__(self, endings: Endings, exchange: Exchange, send: Send,
+                 interval_s: float) -> None:
+        self._endings, self._exchange, self._send = endings, exchange, send
+        self._interval_s = interval_s
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(interval_s, self._due) if interval_s else None
+        self._writing: asyncio.Task[None] | None = None
 
-    a.add_done_callback(ready)
-    b.add_done_callback(ready)
-    timer = loop.call_later(timeout_s, ready) if timeout_s else None
-    try:
-        await wake
-    finally:
-        if timer is not None:
-            timer.cancel()
-        a.remove_done_callback(ready)
-        b.remove_done_callback(ready)
+    def _due(self) -> None:
+        self._timer = None
+        self._writing = self._loop.create_task(self._write())
+
+    async def _write(self) -> None:
+        exchange = self._exchange
+        if not exchange.committed:
+            await self._endings.commit(exchange, self._send, 200, _SSE_CONTENT_TYPE,
+                                       STREAM_HEADERS)
+        await self._send({"type": "http.response.body", "body": KEEPALIVE_COMMENT,
+                          "more_body": True})
+        self._timer = self._loop.call_later(self._interval_s, self._due)
+
+    async def finish(self) -> None:
+        """No more comments; one being written is awaited (what it raised, raised here)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            await writing
+            if self._timer is not None:  # the write's own next one
+                self._timer.cancel()
+                self._timer = None
+
+    def stop(self) -> None:
+        """No more comments, none awaited: the request's task was cancelled (it ends)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.cancel()

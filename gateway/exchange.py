@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.backends import BackendState
 from gateway.config import Handoff
@@ -24,10 +25,10 @@ RECENT_CHUNKS = 4  # read for usage and the ending: SGLang's error, usage and [D
 @dataclass(eq=False)
 class Waiting:
     """A stream's opening while it waits for its first event: what a planned move at the
-    flip races against (see gateway.handover)."""
+    flip interrupts (see gateway.handover). The opening runs in the request's own `task`."""
 
-    opening: asyncio.Future[tuple[UpstreamResponse, bytes]]
-    moved: asyncio.Future[None]  # resolved by a planned move
+    task: asyncio.Task[Any]
+    moved: bool = False  # a planned move cancelled `task` where the opening waits
     # Of the backend's bytes this attempt took, some end inside an event (the answer may have
     # begun): not movable. Whole lead-in events (Responses' response.created) say nothing yet.
     mid_event: bool = False

@@ -21,7 +21,6 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from gateway.aborts import Aborts
 from gateway.asgi import Send
@@ -56,7 +55,7 @@ class Handover:
     def __init__(self, metrics: GatewayMetrics, aborts: Aborts) -> None:
         self.metrics = metrics
         self.aborts = aborts
-        # The streams whose opening can be raced now (waiting for their first event), by
+        # The streams whose opening can be moved now (waiting for their first event), by
         # lease. Which requests have not started, and in which order, is the backends' record
         # (BackendState.unstarted).
         self.openings: dict[object, Exchange] = {}
@@ -200,10 +199,11 @@ class Handover:
         results = Counter(f.result() if f.done() else "failed" for f in handed)
         return HandOff(results["continued"], dict(staying), results["failed"], results["finished"])
 
-    def wait_for_first_event(self, exchange: Exchange,
-                             opening: asyncio.Future[tuple[UpstreamResponse, bytes]]) -> Waiting:
-        """The stream's opening may be moved until `done_waiting`."""
-        waiting = exchange.waiting = Waiting(opening, asyncio.get_running_loop().create_future())
+    def wait_for_first_event(self, exchange: Exchange) -> Waiting:
+        """The stream's opening, in the request's task, may be moved until `done_waiting`."""
+        task = asyncio.current_task()
+        assert task is not None  # always inside the request's task
+        waiting = exchange.waiting = Waiting(task)
         self.openings[exchange.lease] = exchange
         return waiting
 
@@ -262,10 +262,10 @@ class Handover:
         there when it wakes."""
         source, waiting = exchange.lease.backend, exchange.waiting
         assert waiting is not None
-        waiting.opening.cancel()  # its next step is the end: nothing more is sent or read
+        waiting.moved = True
+        waiting.task.cancel()  # the opening's next step is its end: nothing more sent or read
         self.aborts.abort(exchange)
         exchange.lease.move_to(target, now)
-        waiting.moved.set_result(None)
         self.metrics.moves.labels(source.name, target.name).inc()
 
 
@@ -274,16 +274,7 @@ def movable(exchange: Exchange, source: BackendState, target: BackendState) -> b
     one has come (taken, or waiting to be read; whole lead-in events only), neither pinned
     nor bound to `source` (Lease.movable), and `target` has not failed it already."""
     waiting, upstream = exchange.waiting, exchange.upstream
-    return (waiting is not None and not waiting.opening.done() and not waiting.moved.done()
-            and not waiting.mid_event
+    return (waiting is not None and not waiting.moved and not waiting.mid_event
             and (upstream is None or not upstream.unread)
             and exchange.lease.backend is source and exchange.lease.movable
             and all(attempt.backend is not target for attempt in exchange.lease.attempts))
-
-
-async def unwind(opening: asyncio.Future[Any]) -> None:
-    """Wait until an opening the move cancelled has let go of everything; what it raised or
-    returned is dropped (its response was closed)."""
-    await asyncio.wait((opening,))
-    if not opening.cancelled():
-        opening.exception()  # retrieved: a failure of the old attempt judges no one

@@ -362,12 +362,13 @@ async def test_a_stream_whose_first_bytes_wait_unread_is_not_moved() -> None:
     from gateway.exchange import Waiting
     from gateway.handover import movable
 
-    loop = asyncio.get_running_loop()
     source, target = object(), object()
     lease = SimpleNamespace(backend=source, movable=True, attempts=[SimpleNamespace(backend=source)])
     upstream = SimpleNamespace(unread=False)
-    exchange = SimpleNamespace(waiting=Waiting(loop.create_future(), loop.create_future()),
+    task = asyncio.current_task()
+    assert task is not None
+    exchange = SimpleNamespace(waiting=Waiting(task),
                                upstream=upstream, lease=lease)
     assert movable(exchange, source, target)
-    upstream.unread = True  # bytes arrived; the opening task has not run since
+    upstream.unread = True  # bytes arrived; the opening has not run since
     assert not movable(exchange, source, target)
