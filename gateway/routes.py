@@ -151,6 +151,15 @@ async def _from_backends(request: Request, path: str, order: list[BackendState] 
         "x-gateway-backend": backend.name})
 
 
+@router.api_route("/", methods=["GET", "HEAD"])
+async def root(request: Request) -> JSONResponse:
+    """SGLang's root (http_server.py:2124-2128), behind the client key as every path not
+    /health, /ready or /metrics is (utils/auth.py:99-106): Claude Code sends HEAD / before its
+    first request, and a 404 there is what SGLang would never answer."""
+    check_client_key(request.scope["headers"], _runtime(request).settings)
+    return JSONResponse("SGLang is running")
+
+
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
     return await _from_backends(request, "/v1/models")

@@ -117,6 +117,21 @@ async def test_models_come_from_the_backends_live_and_behind_the_client_key() ->
         await sdk.close()
 
 
+@pytest.mark.timeout(30)
+async def test_the_root_answers_as_sglang_behind_the_client_key() -> None:
+    """GET and HEAD / are SGLang's "SGLang is running" (Claude Code sends HEAD / before its
+    first request), 401 without the client key as SGLang with --api-key."""
+    async with scripted_pair(auth={"api_keys": ["client-key"]}) as (gateway, _), \
+            httpx.AsyncClient() as client:
+        refused = await client.head(gateway.url + "/")
+        assert refused.status_code == 401
+        auth = {"authorization": "Bearer client-key"}
+        probed = await client.head(gateway.url + "/", headers=auth)
+        assert probed.status_code == 200 and probed.content == b""
+        answered = await client.get(gateway.url + "/", headers=auth)
+        assert answered.status_code == 200 and answered.json() == "SGLang is running"
+
+
 # --- errors in the shape of the API, before the stream ---------------------------------------
 
 @pytest.mark.timeout(30)

@@ -47,7 +47,7 @@ MAX_BODY = 1024  # limits.max_body_bytes for these gateways: huge bodies stay ch
 PROXY = sorted(PROXY_PATHS)
 GET_ROUTES = ["/health", "/metrics", "/v1/models", "/admin/state", "/dashboard",
               "/dashboard/state"]
-KNOWN = {*PROXY, *GET_ROUTES, "/admin/routing"}
+KNOWN = {*PROXY, *GET_ROUTES, "/admin/routing", "/"}  # "/": SGLang's root, answered
 JSON = (b"content-type", b"application/json")
 ERROR_KEYS = {"message", "type", "param", "code"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.sim import formats
@@ -31,6 +31,7 @@ class Health:
             Route("/health_generate", self.health, methods=get),
             Route("/ready", self.ready, methods=get),
             Route("/ping", self.ping, methods=get),
+            Route("/", self.root, methods=["GET", "HEAD"]),
         ]
 
     async def health(self, request: Request) -> Response:
@@ -75,6 +76,10 @@ class Health:
         """http_server.py:714-718: not paused and healthy (tokenizer_manager.py:732-734)."""
         ready = self.context.healthy and not self.context.saver.state.tokenizer_paused
         return Response(status_code=200 if ready else 503)
+
+    async def root(self, request: Request) -> Response:
+        """http_server.py:2124-2128 (SGLANG_OLLAMA_ROOT_ROUTE unset); behind the API key."""
+        return JSONResponse("SGLang is running")
 
     async def ping(self, request: Request) -> Response:
         """SageMaker's /ping (http_server.py:2189-2199): healthy, paused or not."""

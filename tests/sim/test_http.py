@@ -187,6 +187,20 @@ async def test_responses_api_stream_and_non_stream(pair):
     assert events[-1].type == "response.completed"
 
 
+@pytest.mark.timeout(30)
+async def test_the_root_says_sglang_is_running_behind_the_api_key():
+    """http_server.py:2124-2128: GET and HEAD / are 200 (Claude Code sends HEAD / first)."""
+    async with start_sim_pair(SimOptions(speed=50, api_key="sekrit")) as guarded:
+        url, auth = guarded.urls["mtp"], {"Authorization": "Bearer sekrit"}
+        async with httpx.AsyncClient() as http:
+            denied = await http.head(url + "/")
+            probed = await http.head(url + "/", headers=auth)
+            answered = await http.get(url + "/", headers=auth)
+        assert denied.status_code == 401
+        assert probed.status_code == 200 and probed.content == b""
+        assert answered.status_code == 200 and answered.json() == "SGLang is running"
+
+
 async def test_api_key_guards_all_but_health_ready_metrics():
     async with start_sim_pair(SimOptions(speed=50, api_key="sekrit")) as guarded:
         url = guarded.urls["mtp"]
