@@ -10,7 +10,7 @@ changed at start) the scope has none and the relay uses `send`: the same bytes o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 CLIENT_WRITER = "mtp_gateway.client_writer"  # the scope extension's key
@@ -29,6 +29,11 @@ class ClientWriter(Protocol):
 
     async def drain(self) -> None:
         """Until the client's socket takes more."""
+
+    def on_client_gone(self, callback: Callable[[], None] | None) -> None:
+        """`callback` is called (once, from the connection's own callback) when the client's
+        connection is lost before the response completed; None: no longer. What an ASGI
+        receive of http.disconnect says, without a task per request awaiting it."""
 
 
 def client_writer(scope: Mapping[str, Any]) -> ClientWriter | None:

@@ -27,7 +27,7 @@ from gateway.admission import admit
 from gateway.apis import RESPONSES, api_of
 from gateway.asgi import Receive, Scope, Send, send_error
 from gateway.attempts import STREAM_HEADERS, Attempts
-from gateway.client_io import client_writer
+from gateway.client_io import ClientWriter, client_writer
 from gateway.config import Settings
 from gateway.endings import SHUTDOWN, Endings
 from gateway.errors import GatewayError, UpstreamStatus
@@ -81,11 +81,16 @@ class ProxyEndpoint:
         watchdog = Watchdog(settings.timeouts, task, stream=inbound.stream)
         exchange = Exchange(inbound, scope["headers"], lease, started, watchdog,
                             transcript_chunks=settings.handoff.transcript_chunks)
-        listener = asyncio.create_task(_watch_disconnect(receive, watchdog))
+        writer = client_writer(scope)
+        listener = None
+        if writer is not None:  # the server says when the client is gone
+            writer.on_client_gone(watchdog.client_gone)
+        else:
+            listener = asyncio.create_task(_watch_disconnect(receive, watchdog))
         watchdog.start()
         self.handover.exchanges.add(exchange)
         try:
-            await self._run(exchange, scope, send, settings)
+            await self._run(exchange, send, writer, settings)
         except asyncio.CancelledError:
             # Ours (timeout, client gone) or the server's at the end of a graceful shutdown:
             # either way the client gets a proper ending and the backend an abort.
@@ -99,7 +104,10 @@ class ProxyEndpoint:
         finally:
             self.handover.exchanges.discard(exchange)
             watchdog.stop()
-            listener.cancel()
+            if listener is not None:
+                listener.cancel()
+            elif writer is not None:  # the callback holds the request's task: let it go
+                writer.on_client_gone(None)
             if exchange.upstream is not None:
                 exchange.upstream.close()
             self.endings.end_lease(exchange)
@@ -114,7 +122,8 @@ class ProxyEndpoint:
                            started, exchange.ended, exchange.tokens, moved_from,
                            exchange.continued_from)
 
-    async def _run(self, exchange: Exchange, scope: Scope, send: Send, settings: Settings) -> None:
+    async def _run(self, exchange: Exchange, send: Send, writer: ClientWriter | None,
+                   settings: Settings) -> None:
         self.handover.apply(exchange.lease.flip)  # the moves its admission caused, if any
         response, first = await self.attempts.run(exchange, send, settings)
         endings = self.endings
@@ -133,8 +142,7 @@ class ProxyEndpoint:
         exchange.lease.first_byte(exchange.first_byte_at)
         self.metrics.observe_ttft(exchange.lease.backend.name,
                                   exchange.first_byte_at - exchange.started)
-        await self.handover.relay_stream(exchange, send, response, first, client_writer(scope),
-                                         settings)
+        await self.handover.relay_stream(exchange, send, response, first, writer, settings)
         await endings.end_stream(exchange, send)
 
 

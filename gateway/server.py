@@ -100,13 +100,14 @@ class BodyWriter:
     (one chunked-encoding frame), and like `send`, it writes nothing once the client is gone.
     The response still ends with an ASGI send, which writes the last frame."""
 
-    __slots__ = ("_cycle_ref",)
+    __slots__ = ("_cycle_ref", "_client_gone")
 
     def __init__(self, cycle: Any) -> None:
         # Weak: the cycle's scope holds this writer, and a strong reference back would make
         # every request's cycle, scope and buffers garbage that only a full GC frees (measured:
         # 25-45k objects per collection at 128 streams, and 31-57 ms pauses).
         self._cycle_ref = weakref.ref(cycle)
+        self._client_gone: Callable[[], None] | None = None
 
     def usable(self) -> bool:
         """True once a chunked response has started and is not complete."""
@@ -129,6 +130,15 @@ class BodyWriter:
         cycle = self._cycle_ref()
         if cycle is not None:
             await cycle.flow.drain()
+
+    def on_client_gone(self, callback: Callable[[], None] | None) -> None:
+        self._client_gone = callback
+
+    def connection_lost(self) -> None:
+        """The protocol's: its connection was lost with this response unfinished."""
+        callback, self._client_gone = self._client_gone, None
+        if callback is not None:
+            callback()
 
 
 def gateway_http_protocol(max_head_bytes: int, path: HttpPath | None = None,
@@ -153,6 +163,11 @@ def gateway_http_protocol(max_head_bytes: int, path: HttpPath | None = None,
 
         def connection_lost(self, exc: Exception | None) -> None:
             super().connection_lost(exc)
+            cycle = self.cycle
+            if with_writer and cycle is not None and cycle.disconnected:  # its response unfinished
+                writer = (cycle.scope.get("extensions") or {}).get(CLIENT_WRITER)
+                if isinstance(writer, BodyWriter):
+                    writer.connection_lost()
             # uvicorn cancels the keep-alive timer only when the connection ends cleanly: a
             # client that resets it (an agent abandoning a stream) left its protocol, scope
             # and buffers alive for timeout_keep_alive (75 s), ~5 KB per aborted request.

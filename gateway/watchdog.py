@@ -83,6 +83,10 @@ class Watchdog:
             self.reason = reason
             self._task.cancel()
 
+    def client_gone(self) -> None:
+        """The client's connection is lost: interrupt the request now."""
+        self.kick(CLIENT_GONE)
+
     def resumed(self) -> None:
         """The request goes on after its interruption (a stream continued elsewhere after an
         idle timeout): cleared, and the idle deadline counted from now."""

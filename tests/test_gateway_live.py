@@ -226,9 +226,13 @@ async def test_inflight_returns_to_zero_after_normal_completion(sim) -> None:
 
 
 @pytest.mark.timeout(30)
-async def test_client_disconnect_mid_stream_releases_and_aborts_upstream() -> None:
-    # speed 1: the gateway closes the upstream stream and posts /abort_request at once.
-    async with start_sim_pair(SimOptions(speed=1)) as pair, live_gateway(pair) as gateway, \
+@pytest.mark.parametrize("stock_uvicorn", [False, True], ids=["gateway-server", "stock-uvicorn"])
+async def test_client_disconnect_mid_stream_releases_and_aborts_upstream(stock_uvicorn: bool) -> None:
+    # speed 1: the gateway closes the upstream stream and posts /abort_request at once. The
+    # gateway's server says the client is gone from its connection_lost; under stock uvicorn
+    # a task per request awaits ASGI's http.disconnect.
+    async with start_sim_pair(SimOptions(speed=1)) as pair, \
+            live_gateway(pair, stock_uvicorn=stock_uvicorn) as gateway, \
             httpx.AsyncClient() as client:
         engine = pair.servers["mtp"].live.engine
         stream = await OpenStream(client, gateway.url + "/v1/chat/completions",
@@ -247,9 +251,10 @@ async def test_client_disconnect_mid_stream_releases_and_aborts_upstream() -> No
 
 
 @pytest.mark.timeout(30)
-async def test_client_disconnect_before_first_byte(sim) -> None:
+@pytest.mark.parametrize("stock_uvicorn", [False, True], ids=["gateway-server", "stock-uvicorn"])
+async def test_client_disconnect_before_first_byte(sim, stock_uvicorn: bool) -> None:
     await sim.servers["mtp"].set_faults(Faults(hang_before_first_byte=True))
-    async with live_gateway(sim) as gateway:
+    async with live_gateway(sim, stock_uvicorn=stock_uvicorn) as gateway:
         client = httpx.AsyncClient()
         task = asyncio.create_task(
             client.post(gateway.url + "/v1/chat/completions", json=chat(stream=True)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -35,12 +36,14 @@ _LAST_CHUNK = b"0\r\n\r\n"
 class _Exchange:
     """One request's ASGI receive and send, and its body writer."""
 
-    __slots__ = ("conn", "body", "started", "chunked", "complete", "disconnected", "_gone")
+    __slots__ = ("conn", "body", "started", "chunked", "complete", "disconnected", "_gone",
+                 "_client_gone")
 
     def __init__(self, conn: LeanProtocol, body: bytes) -> None:
         self.conn, self.body = conn, body
         self.started = self.chunked = self.complete = self.disconnected = False
         self._gone: asyncio.Future[None] | None = None
+        self._client_gone: Callable[[], None] | None = None
 
     async def receive(self) -> dict[str, Any]:
         if self.body is not None:
@@ -55,6 +58,9 @@ class _Exchange:
         self.disconnected = True
         if self._gone is not None and not self._gone.done():
             self._gone.set_result(None)
+        callback, self._client_gone = self._client_gone, None
+        if callback is not None and not self.complete:
+            callback()
 
     async def send(self, message: dict[str, Any]) -> None:
         if self.disconnected:
@@ -98,6 +104,9 @@ class _Exchange:
 
     async def drain(self) -> None:
         await self.conn.drained()
+
+    def on_client_gone(self, callback: Callable[[], None] | None) -> None:
+        self._client_gone = callback
 
 
 class LeanProtocol(asyncio.Protocol):
