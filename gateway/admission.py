@@ -27,6 +27,7 @@ from gateway.placement import prompt_tokens_from_bytes
 from gateway.pool import Pool
 from gateway.response_ids import ResponseStore
 from gateway.turns.waiting import WaitingRoom
+from gateway.watchdog import LOOKS_PER_DEADLINE, shared_looks
 
 
 async def admit(scope: Scope, receive: Receive, settings: Settings, pool: Pool,
@@ -81,22 +82,51 @@ def method_not_allowed(path: str) -> GatewayError:
 
 
 async def read_body(receive: Receive, limit: int, idle_s: float) -> bytes:
+    """The request's body, whole; RequestTimeout when none of it came for `idle_s` (a
+    half-sent body must not hold a task for ever)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None  # always inside the request's task
+    arriving = _Arriving(task, idle_s, loop.time())
+    looks = shared_looks(loop, idle_s / LOOKS_PER_DEADLINE)
+    looks.add(arriving)
     parts: list[bytes] = []
     size = 0
-    while True:
-        try:
-            async with asyncio.timeout(idle_s):  # a half-sent body must not hold a task forever
-                message = await receive()
-        except TimeoutError:
-            # The rest of the body may still come: the connection cannot carry another request.
-            raise RequestTimeout(f"the request body stopped arriving for {idle_s} s",
-                                 headers={"connection": "close"}) from None
-        if message["type"] == "http.disconnect":
-            raise BadRequest("client disconnected while sending the body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(parts)
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise BadRequest("client disconnected while sending the body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+            arriving.last = loop.time()
+    except asyncio.CancelledError:
+        if not arriving.expired or task.uncancel() > 0:  # not ours, or not ours alone
+            raise
+        # The rest of the body may still come: the connection cannot carry another request.
+        raise RequestTimeout(f"the request body stopped arriving for {idle_s} s",
+                             headers={"connection": "close"}) from None
+    finally:
+        looks.discard(arriving)
+
+
+class _Arriving:
+    """A request body being read, looked at by the loop's shared timer (gateway.watchdog's
+    Looks, every eighth of idle_s): asyncio.timeout made and cancelled a timer for every
+    request, whose body has almost always arrived whole before its task runs (27k
+    instructions of a request's ~1.09M, callgrind). Never early, at most a look late."""
+
+    __slots__ = ("task", "idle_s", "last", "expired")
+
+    def __init__(self, task: asyncio.Task[object], idle_s: float, now: float) -> None:
+        self.task, self.idle_s, self.last, self.expired = task, idle_s, now, False
+
+    def look(self, now: float) -> None:
+        if not self.expired and now >= self.last + self.idle_s:
+            self.expired = True
+            self.task.cancel()

@@ -2,7 +2,7 @@
 
 Each request has one timer of its own, for the deadlines that do not move: the total, and a
 stream's first byte. From a stream's first byte on, its idle and keep-alive deadlines are
-looked at by one timer for every stream of the loop (`_Looks`), every eighth of the keep-alive
+looked at by one timer for every stream of the loop (`Looks`), every eighth of the keep-alive
 interval and of `idle_s`: a stream's timer would be made and cancelled each time (12.4k
 instructions, callgrind), the shared look costs a call per stream. While a stream relays, the
 watchdog `follow`s a count of what the backend has sent and a look that sees it grown dates the
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable
+from typing import Protocol
 
 from gateway.config import Timeouts
 
@@ -45,7 +46,7 @@ class Watchdog:
         self.first_byte_seen = False
         self.reading = False  # True only while awaiting upstream bytes: safe to interrupt
         self._handle: asyncio.TimerHandle | None = None
-        self._looks: _Looks | None = None  # from a stream's first byte until stop()
+        self._looks: Looks | None = None  # from a stream's first byte until stop()
         self._progress: Callable[[], int] | None = None  # while following a relaying stream
         self._seen = 0  # the progress count at the last look
         keepalive_s = self._keepalive_s or timeouts.idle_s
@@ -66,7 +67,7 @@ class Watchdog:
         if not self.first_byte_seen:
             self.first_byte_seen = True
             if self._stream:  # from here on its idle and keep-alive deadlines are looked at
-                self._looks = _looks(self._loop, self._look_s)
+                self._looks = shared_looks(self._loop, self._look_s)
                 self._looks.add(self)
 
     def follow(self, progress: Callable[[], int] | None) -> None:
@@ -103,7 +104,7 @@ class Watchdog:
         self.last_sent = self._loop.time()  # not last_activity: the backend is still silent
 
     def look(self, now: float) -> None:
-        """A stream's idle and keep-alive deadlines, now (`_Looks`, after its first byte)."""
+        """A stream's idle and keep-alive deadlines, now (`Looks`, after its first byte)."""
         if self.reason is not None:
             return
         progress = self._progress
@@ -146,28 +147,34 @@ class Watchdog:
             self._arm()
 
 
-class _Looks:
-    """One timer for every stream of a loop with the same look interval: each look calls every
-    stream's `Watchdog.look`, a call where a timer per stream was one made and one cancelled."""
+class Looked(Protocol):
+    def look(self, now: float) -> None:
+        """Its deadlines, now."""
+
+
+class Looks:
+    """One timer for every stream (or body being read) of a loop with the same look interval:
+    each look calls every one's `look`, a call where a timer each was one made and one
+    cancelled."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, interval_s: float) -> None:
-        self._loop = weakref.ref(loop)  # _LOOKS is keyed by it: no reference back
+        self.loop = weakref.ref(loop)  # no reference to it from _LOOKS
         self._interval_s = interval_s
-        self._watchdogs: dict[Watchdog, None] = {}  # each from its first byte to its stop()
+        self._watchdogs: dict[Looked, None] = {}  # a watchdog: from its first byte to its stop()
         self._handle: asyncio.TimerHandle | None = None
 
-    def add(self, watchdog: Watchdog) -> None:
+    def add(self, watchdog: Looked) -> None:
         self._watchdogs[watchdog] = None
-        loop = self._loop()
+        loop = self.loop()
         if self._handle is None and loop is not None:
             self._handle = loop.call_at(loop.time() + self._interval_s, self._look)
 
-    def discard(self, watchdog: Watchdog) -> None:
+    def discard(self, watchdog: Looked) -> None:
         self._watchdogs.pop(watchdog, None)
 
     def _look(self) -> None:
         self._handle = None
-        loop = self._loop()
+        loop = self.loop()
         if loop is None or not self._watchdogs:
             return
         now = loop.time()
@@ -176,14 +183,14 @@ class _Looks:
         self._handle = loop.call_at(now + self._interval_s, self._look)
 
 
-_LOOKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, _Looks]] = \
-    weakref.WeakKeyDictionary()
+_LOOKS: dict[tuple[int, float], Looks] = {}  # by the loop's id (a WeakKeyDictionary makes a
+# weak reference at every look-up) and the interval (tests run gateways of several settings)
 
 
-def _looks(loop: asyncio.AbstractEventLoop, interval_s: float) -> _Looks:
-    """The loop's shared look at this interval (tests run gateways of several settings)."""
-    by_interval = _LOOKS.setdefault(loop, {})
-    looks = by_interval.get(interval_s)
-    if looks is None:
-        looks = by_interval[interval_s] = _Looks(loop, interval_s)
+def shared_looks(loop: asyncio.AbstractEventLoop, interval_s: float) -> Looks:
+    """The loop's shared look at this interval."""
+    key = (id(loop), interval_s)
+    looks = _LOOKS.get(key)
+    if looks is None or looks.loop() is not loop:  # none yet, or an ended loop's id reused
+        looks = _LOOKS[key] = Looks(loop, interval_s)
     return looks
