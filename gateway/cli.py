@@ -55,6 +55,7 @@ async def demo(settings: Settings, config_path: Path | None, log_level: str,
 
     if memory is not None:
         settings = settings.model_copy(update={"memory": memory})
+    settings = device_time_at_speed(settings, speed)
     shape = settings.memory_of(settings.fleet()[0])
     options = SimOptions(speed=speed, mtp_port=_port(settings.backends.mtp.url),
                          plain_port=_port(settings.backends.plain.url), memory=shape)
@@ -64,6 +65,23 @@ async def demo(settings: Settings, config_path: Path | None, log_level: str,
         print(f"gateway: http://{settings.listen.host}:{settings.listen.port}/v1  "
               f"(dashboard: /dashboard, metrics: /metrics)")
         await serve(settings, config_path, log_level)
+
+
+# The turns' waits on the device itself (a release, a resume, the server ready again): the
+# simulated device takes them in modelled time.
+_DEVICE_WAITS = ("call_timeout_s", "release_timeout_s", "resume_timeout_s", "ready_within_s")
+
+
+def device_time_at_speed(settings: Settings, speed: float) -> Settings:
+    """The demo's settings with the turns' device waits stretched to a simulated pair slower
+    than the modelled GPUs (speed < 1: modelled seconds per real second): a release that
+    takes 15 s on the modelled device takes 75 s at --speed 0.2, and the real default (60 s)
+    would fail every turn. Faster pairs keep the real defaults."""
+    if speed >= 1:
+        return settings
+    turns = settings.turns
+    stretched = {name: getattr(turns, name) / speed for name in _DEVICE_WAITS}
+    return settings.model_copy(update={"turns": turns.model_copy(update=stretched)})
 
 
 YOUNG_COLLECTION_EVERY = 10_000  # container allocations between young collections (700)
