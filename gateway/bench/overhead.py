@@ -595,6 +595,12 @@ def _spread_s(args: argparse.Namespace, length: int) -> float:
     return (args.ttft_ms + (length - 1) * args.itl_ms) / 1000
 
 
+def measures_bodies(args: argparse.Namespace) -> bool:
+    """Whether this run times the small and big bodies: not with none asked for (a target
+    not measured reads n/a, not FAIL)."""
+    return args.big_body_kb > 0 and args.big_body_requests > 0 and not args.gateway_only
+
+
 def run_one(args: argparse.Namespace, h: Harness, target: str, c: int, length: int,
             repeat: int) -> tuple[dict[str, Any], dict[str, int]]:
     """One closed-loop window; re-run (up to --busy-retries) when other programs ran meanwhile."""
@@ -707,7 +713,7 @@ def run(args: argparse.Namespace) -> int:
                 f"no sglang-router: {h.router_error}") + f"; pinning: {h.pinning}")
         runs, conns = run_matrix(args, h)
         small = big = None
-        if args.big_body_kb > 0 and not args.gateway_only:
+        if measures_bodies(args):
             small = run_sequential(args, h, 0, args.big_body_requests)
             big = run_sequential(args, h, args.big_body_kb * 1000, args.big_body_requests)
         streams = None

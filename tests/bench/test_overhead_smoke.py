@@ -7,12 +7,15 @@ measured ones with the machine and command they came from."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from gateway.bench.overhead import add_arguments, measures_bodies
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,3 +130,15 @@ def test_quick_report_has_the_floor_columns(quick_report: tuple[dict, str]) -> N
         assert all(point[floor][k] is not None for k in POINT_FIELDS), point[floor]
         assert point[f"{floor}_added"]["ttft_p50_ms"] is not None
         assert f"| {row} | 32 |" in markdown
+
+
+@pytest.mark.parametrize(("argv", "timed"), [
+    ([], True),
+    (["--big-body-requests", "0"], False),  # it was timed with no request, and read FAIL
+    (["--big-body-kb", "0"], False),
+    (["--gateway-only"], False),
+])
+def test_the_bodies_are_timed_only_when_asked_for(argv: list[str], timed: bool) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert measures_bodies(parser.parse_args(argv)) is timed
