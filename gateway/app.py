@@ -17,18 +17,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.asgi import Receive, Scope, Send
+from gateway.apis.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
 from gateway.config import ConfigError, Settings, build_settings, read_yaml
-from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
-from gateway.inbound import PROXY_PATHS
+from gateway.front.endpoints import router as api_routes
 from gateway.metrics import GatewayMetrics
-from gateway.monitor import Monitor
-from gateway.pool import Pool
-from gateway.relay import ProxyEndpoint
-from gateway.response_ids import ResponseStore
-from gateway.routes import router as api_routes
+from gateway.relay.asgi import Receive, Scope, Send
+from gateway.relay.endpoint import ProxyEndpoint
+from gateway.relay.inbound import PROXY_PATHS
+from gateway.routing.pool import Pool
+from gateway.routing.sessions import ResponseStore
 from gateway.turns.wiring import build_turns
-from gateway.upstream import Upstream
+from gateway.upstream.client import Upstream
+from gateway.upstream.probes import Probes
 
 log = logging.getLogger("mtp_gateway")
 
@@ -43,11 +43,11 @@ class Runtime:
         self.pool = Pool.from_settings(settings, time.monotonic())
         self.metrics = GatewayMetrics(registry, self.pool)
         self.upstream = Upstream(connect_timeout_s=settings.timeouts.connect_s)
-        self.monitor = Monitor(lambda: self.settings, self.pool, self.upstream)
+        self.probes = Probes(lambda: self.settings, self.pool, self.upstream)
         self.responses = ResponseStore()
         self.proxy = ProxyEndpoint(lambda: self.settings, self.pool, self.upstream, self.metrics,
                                    self.responses)
-        self.turns = build_turns(settings, self.pool, self.upstream, self.proxy.handover, registry)
+        self.turns = build_turns(settings, self.pool, self.upstream, self.proxy.in_flight, registry)
         self.proxy.waiting = self.turns.waiting
 
     def apply_routing(self, settings: Settings) -> None:
@@ -128,7 +128,7 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.upstream.start()
-        tasks = [asyncio.create_task(runtime.monitor.run(), name="monitor"),
+        tasks = [asyncio.create_task(runtime.probes.run(), name="monitor"),
                  *runtime.turns.start()]
         if runtime.config_path is not None:
             tasks.append(asyncio.create_task(runtime.watch_config(), name="config-watch"))

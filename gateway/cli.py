@@ -12,8 +12,8 @@ from pathlib import Path
 
 from gateway.access_log import log_handler
 from gateway.config import ConfigError, Settings, load_settings
-from gateway.server import GatewayServer, uvicorn_config
-from gateway.speed import add_speed_argument
+from gateway.front.server import GatewayServer, uvicorn_config
+from gateway.sim.speed import add_speed_argument
 
 EXIT_CONFIG = 2
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt() parameter numbers
@@ -92,10 +92,10 @@ def tune_process() -> None:
 
     - glibc maps a fresh region for every buffer over 128 KB and unmaps it on free, so each
       400 KB agent-context body page-faults its way in (measured on cf35b98: ~1.3 ms of the
-      gateway's 4.5 ms CPU per such request; docs/perf/profile-c128.md). A 4 MB threshold
+      gateway's 4.5 ms CPU per such request; lab/results/perf/profile-c128.md). A 4 MB threshold
       keeps such buffers on the heap, and a 64 MB trim threshold keeps the heap from being
       handed back after every such request (258 page faults per request without it, read
-      from /proc; docs/perf/profile-c128.md). The price: up to 64 MB of freed heap stays
+      from /proc; lab/results/perf/profile-c128.md). The price: up to 64 MB of freed heap stays
       mapped after a burst of large bodies.
     - The request path creates no reference cycles (a test guards it), but full collections
       still walk every object: start-up objects are frozen out of the collector. And young
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, module, help_text in (
         ("bench", "gateway.bench.bench_cli", "load sweeps over HTTP or in virtual time"),
         ("calibrate", "gateway.bench.calibrate_cli", "measure both backends, set the crossover"),
-        ("overhead", "gateway.bench.overhead", "the gateway's own cost per request and chunk"),
+        ("overhead", "gateway_lab.overhead", "the gateway's own cost per request and chunk (the lab)"),
     ):
         _add_optional(commands.add_parser(name, help=help_text), module)
     args = parser.parse_args(argv)
@@ -193,7 +193,9 @@ def _add_optional(parser: argparse.ArgumentParser, module: str) -> None:
 
 
 def _missing(module: str) -> int:
-    print(f"mtp-gateway: {module} is not available in this install", file=sys.stderr)
+    how = (" (it is the lab's, outside the wheel: from a checkout, python3 -m pip install -e lab)"
+           if module.startswith("gateway_lab.") else "")
+    print(f"mtp-gateway: {module} is not available in this install{how}", file=sys.stderr)
     return 1
 
 

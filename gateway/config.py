@@ -139,10 +139,10 @@ class Pair(_Frozen):
 
 
 class Handoff(_Frozen):
-    """Continuing a running stream on another server (gateway.handoff), per use."""
+    """Continuing a running stream on another server (gateway.relay.continuing), per use."""
 
     on_failure: bool = True  # its server failed it after the first byte (once per stream)
-    at_turn: bool = True  # a pair's turn hands the memory over (Handover.hand_off)
+    at_turn: bool = True  # a pair's turn hands the memory over (InFlight.continue_running)
     # A stream is continued only while every event it sent is kept: up to this many pieces
     # (~230 bytes a token each). Beyond it: not continued, and all but the last few let go of.
     transcript_chunks: int = Field(8192, ge=1)

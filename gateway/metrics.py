@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.pair_state import PairState
-from gateway.pool import Pool
+from gateway.routing.pair import PairState
+from gateway.routing.pool import Pool
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -47,7 +47,7 @@ class GatewayMetrics:
                              registry=registry)
         self.continued = Counter(
             "gateway_continued_requests", "Running streams continued on another server from what "
-            "their client had (gateway.handoff), by cause: failure, turn, flip.",
+            "their client had (gateway.relay.continuing), by cause: failure, turn, flip.",
             ["from_backend", "to_backend", "cause"], registry=registry)
         self.disconnects = Counter("gateway_client_disconnects",
                                    "Clients that left before their response ended.",

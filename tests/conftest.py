@@ -74,5 +74,5 @@ async def live_gateway(pair: SimPair | None, *, config_path: Any = None, stock_u
     async with serve_app(app, stock_uvicorn=stock_uvicorn) as url:
         gateway = LiveGateway(app, url)
         if pair is not None:  # the first probe round has read caps and models
-            await gateway.runtime.monitor.probe_all()
+            await gateway.runtime.probes.probe_all()
         yield gateway

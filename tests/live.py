@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import uvicorn
 
-from gateway.server import gateway_http_protocol
+from gateway.front.server import gateway_http_protocol
 
 
 @contextlib.asynccontextmanager

@@ -33,8 +33,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.apis import ANTHROPIC, api_of
 from gateway.app import create_app
-from gateway.inbound import PROXY_PATHS, PUT_PATHS
-from gateway.server import uvicorn_config
+from gateway.front.server import uvicorn_config
+from gateway.relay.inbound import PROXY_PATHS, PUT_PATHS
 from gateway.sim.faults import Faults
 from gateway.sim.server import SimOptions, start_sim_pair
 from tests.conftest import LiveGateway, gateway_settings, live_gateway
@@ -112,7 +112,7 @@ class Harness:
             backends = {"mtp": {"url": url}, "plain": {"url": url}}
             gateway = live_gateway(None, **{"backends": backends, **self.sections})
         self.gateway = await self.stack.enter_async_context(gateway)
-        await self.gateway.runtime.monitor.probe_all()
+        await self.gateway.runtime.probes.probe_all()
         self.client = await self.stack.enter_async_context(
             httpx.AsyncClient(base_url=self.gateway.url, timeout=5.0))
 
@@ -668,7 +668,7 @@ def test_connections_the_client_resets_leave_nothing_behind() -> None:
             settings = gateway_settings(None, backends={"mtp": {"url": url}, "plain": {"url": url}})
             app = create_app(settings, registry=CollectorRegistry())
             async with serve_like_cli(app, settings) as port:
-                await app.state.runtime.monitor.probe_all()
+                await app.state.runtime.probes.probe_all()
                 for stream in [False, True] * 25:
                     reader, writer = await asyncio.open_connection("127.0.0.1", port)
                     body = json.dumps({**valid_body("/v1/chat/completions"), "stream": stream})
@@ -724,7 +724,7 @@ async def test_hop_by_hop_and_client_credentials_never_reach_the_backend() -> No
         auth = {"api_keys": ["client-secret"]}
         async with live_gateway(None, backends=backends, auth=auth) as gateway, \
                 httpx.AsyncClient() as client:
-            await gateway.runtime.monitor.probe_all()
+            await gateway.runtime.probes.probe_all()
             for stream in (False, True):
                 headers = {**HOP_AND_CREDENTIALS, "x-request-id": "req-1", "user-agent": "agent/1",
                            "x-session-id": "s-1"}
@@ -750,7 +750,7 @@ async def test_backend_credentials_and_cookies_never_reach_the_client() -> None:
         backends = {name: {"url": url, "api_key": "backend-secret"} for name in ("mtp", "plain")}
         async with live_gateway(None, backends=backends, auth={"admin_key": "admin-key"}) as gateway, \
                 httpx.AsyncClient(base_url=gateway.url) as client:
-            await gateway.runtime.monitor.probe_all()
+            await gateway.runtime.probes.probe_all()
             answers = [await client.post("/v1/chat/completions", json=chat(stream=stream))
                        for stream in (False, True)]
             assert all(a.headers["x-backend-note"] == "fine" for a in answers)
@@ -774,7 +774,7 @@ async def test_response_headers_named_in_connection_stay_with_the_backend() -> N
         backends = {name: {"url": url} for name in ("mtp", "plain")}
         async with live_gateway(None, backends=backends) as gateway, \
                 httpx.AsyncClient(base_url=gateway.url) as client:
-            await gateway.runtime.monitor.probe_all()
+            await gateway.runtime.probes.probe_all()
             for stream in (False, True):
                 answer = await client.post("/v1/chat/completions", json=chat(stream=stream))
                 assert answer.status_code == 200 and answer.headers["x-backend-note"] == "fine"

@@ -1,6 +1,6 @@
 """Every command that runs or measures the simulator says the same thing about its speed.
 
-Before, `demo` and `scripts/soak.py` said "--time-scale: simulated time per real second" while
+Before, `demo` and `lab/scripts/soak.py` said "--time-scale: simulated time per real second" while
 `sim`, `bench`, `calibrate` and the code meant the inverse; a user asking `demo` for 20x faster
 got 20x slower.
 """
@@ -15,7 +15,7 @@ import pytest
 from gateway.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
-SOAK = [sys.executable, str(ROOT / "scripts" / "soak.py")]
+SOAK = [sys.executable, str(ROOT / "lab" / "scripts" / "soak.py")]
 COMMANDS = ["demo", "sim", "bench", "calibrate", "soak"]
 MEANING = "simulated seconds per real second: 20 = 20x faster than the modelled GPU, 1 = real time"
 

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.monitor import SERVER_INFO_EVERY
 from gateway.sim.faults import Faults
+from gateway.upstream.probes import SERVER_INFO_EVERY
 from tests.conftest import live_gateway
 from tests.live import wait_until
 from tests.test_deploy import DASHBOARD, PROMETHEUS_SYNTHETIC, dashboard_metric_names
@@ -77,7 +77,7 @@ async def test_every_dashboard_metric_is_exported_by_a_live_scrape(sim) -> None:
         # SGLang reports an accept length only once MTP has verified drafts; the monitor reads
         # /server_info every SERVER_INFO_EVERY rounds: run those rounds now, as time would.
         for _ in range(SERVER_INFO_EVERY):
-            await gateway.runtime.monitor.probe_all()
+            await gateway.runtime.probes.probe_all()
         assert gateway.pool.backends["mtp"].accept_length
 
         scrape = await client.get(gateway.url + "/metrics")

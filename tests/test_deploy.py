@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from gateway.config import load_settings
-from gateway.policy import REASONS
+from gateway.routing.policy import REASONS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"

@@ -452,7 +452,7 @@ async def test_a_finished_request_leaves_no_reference_cycle_behind(sim, stock_uv
     full collection: at 128 streams a request cycle through the body writer made 30-45k such
     objects per collection and 30-55 ms pauses in every stream (the TTFT p99)."""
     ours = {"RequestResponseCycle", "UpstreamResponse", "_Connection", "Exchange", "BodyWriter",
-            "Watchdog", "Lease", "Inbound"}
+            "Deadlines", "Lease", "Inbound"}
     async with live_gateway(sim, stock_uvicorn=stock_uvicorn) as gateway, \
             httpx.AsyncClient() as client:
         url = gateway.url + "/v1/chat/completions"

@@ -322,7 +322,7 @@ async def test_probe_endpoints_behave_as_the_probes_need() -> None:
             assert (await client.get(gateway.url + "/health")).status_code == 200
             backend.models_status = 503
             for _ in range(gateway.runtime.settings.monitor.fall):
-                await gateway.runtime.monitor.probe_all()
+                await gateway.runtime.probes.probe_all()
             assert (await client.get(gateway.url + "/health")).status_code == 503
             live = await client.get(gateway.url + "/livez")
             assert live.status_code == 200 and live.json() == {"status": "alive"}

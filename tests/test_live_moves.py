@@ -332,7 +332,7 @@ async def test_a_stream_already_sent_keepalives_still_moves_whole(small_mtp, cap
 
         def keepalives_out() -> bool:  # every queued stream has its headers and a comment
             mtp = gateway.pool.backends["mtp"]
-            waiting = [e for e in gateway.runtime.proxy.handover.openings.values()
+            waiting = [e for e in gateway.runtime.proxy.in_flight.openings.values()
                        if e.lease.backend is mtp]
             return len(waiting) == QUEUED_STREAMS and all(e.committed for e in waiting)
 
@@ -359,8 +359,8 @@ async def test_a_stream_whose_first_bytes_wait_unread_is_not_moved() -> None:
     begun. Only a stream with nothing unread is movable."""
     from types import SimpleNamespace
 
-    from gateway.exchange import Waiting
-    from gateway.handover import movable
+    from gateway.relay.exchange import Waiting
+    from gateway.relay.in_flight import movable
 
     source, target = object(), object()
     lease = SimpleNamespace(backend=source, movable=True, attempts=[SimpleNamespace(backend=source)])

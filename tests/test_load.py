@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.config import Backend, Routing
-from gateway.pool import Ask, Lease, Outcome, PairSpec, Pool, SessionMap
+from gateway.routing.pool import Ask, Lease, Outcome, PairSpec, Pool, SessionMap
 
 
 def one_pair(routing: Routing | None = None, **kwargs) -> Pool:

@@ -72,7 +72,7 @@ async def gateway_with_minimal_mtp(backend: MinimalOpenAI) -> AsyncIterator[Any]
 
 async def probe_rounds(gateway: Any, rounds: int) -> None:
     for _ in range(rounds):
-        await gateway.runtime.monitor.probe_all()
+        await gateway.runtime.probes.probe_all()
 
 
 @pytest.mark.timeout(30)

@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.backends import CircuitRules
-from gateway.pool import Ask, Failure, Lease, Outcome
+from gateway.routing.backend import CircuitRules
+from gateway.routing.pool import Ask, Failure, Lease, Outcome
 from gateway.sim.faults import Faults
 from gateway.sim.profile import load_profiles
 from gateway.sim.server import SimOptions, start_sim_pair
@@ -350,7 +350,7 @@ async def test_backend_crash_and_restart_down_after_fall_up_after_rise(sim) -> N
     # go on on plain: test_handoff_live.py).
     async with live_gateway(sim, monitor=monitor, handoff={"on_failure": False}) as gateway, \
             httpx.AsyncClient(timeout=10) as client:
-        health, probe = gateway.pool.backends["mtp"], gateway.runtime.monitor.probe_all
+        health, probe = gateway.pool.backends["mtp"], gateway.runtime.probes.probe_all
         streams = [await OpenStream(client, gateway.url + URL, chat(**LONG)).open() for _ in range(3)]
         assert {s.backend for s in streams} == {"mtp"}
         await sim.servers["mtp"].set_faults(Faults(refuse_connections=True))  # the process dies

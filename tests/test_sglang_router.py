@@ -112,7 +112,7 @@ async def test_gateway_routes_between_two_sglang_router_pools() -> None:
                                     auth={"admin_key": "admin"}) as gateway, \
                     httpx.AsyncClient(timeout=30) as client:
                 for _ in range(gateway.runtime.settings.monitor.fall + 1):
-                    await gateway.runtime.monitor.probe_all()
+                    await gateway.runtime.probes.probe_all()
                 models = (await client.get(gateway.url + "/v1/models")).json()
                 model = models["data"][0]["id"]  # the pools' model, read through the routers
                 for pool in ("mtp", "plain"):

@@ -28,7 +28,7 @@ from gateway.bench.targets import ALL_TARGETS, DEFAULT_MEMORY, POLICY_TARGETS, d
 from gateway.bench.workloads import WORKLOADS, make_workload
 from gateway.config import ConfigError, Routing, build_routing
 from gateway.sim.memory import DEFAULT_HARDWARE, HARDWARE
-from gateway.speed import add_speed_argument
+from gateway.sim.speed import add_speed_argument
 
 SIM_DURATION_S = 150.0
 SIM_WARMUP_S = 50.0

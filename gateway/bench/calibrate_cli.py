@@ -37,7 +37,7 @@ from gateway.bench.loadgen import Target, _join, run_http_sweep
 from gateway.bench.progress import Progress
 from gateway.bench.workloads import make_workload
 from gateway.sim.memory import HARDWARE
-from gateway.speed import add_speed_argument
+from gateway.sim.speed import add_speed_argument
 
 CALIBRATE_LEVELS = "1,2,4,8,16,24,32,48,64,128"
 
@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
 async def calibrate(args: argparse.Namespace) -> int:
     """The whole command in the running event loop (tests run it beside a simulated pair)."""
     from gateway.config import ConfigError, build_routing, load_settings
-    from gateway.engine.sglang import parse_server_info
     from gateway.sim.profile import load_profiles, save_profiles
+    from gateway.upstream.engine.sglang import parse_server_info
 
     try:
         levels = parse_levels(args.concurrency)

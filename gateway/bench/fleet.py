@@ -1,7 +1,7 @@
 """A fleet in virtual time: gateway replicas in front of simulated pairs, through the real pool.
 
 Each *pair* is an MTP and a plain simulated server on a device of their own (they share it, as
-the real pair shares its GPUs; pairs do not share). Each *replica* is a `gateway.pool.Pool` of
+the real pair shares its GPUs; pairs do not share). Each *replica* is a `gateway.routing.pool.Pool` of
 its own: its own in-flight counts, its own mode per pair, and, every `loads_interval_s` (its
 polls spread over the interval, as independent processes would be), a `/v1/loads` reading of
 every backend: running + waiting as the engine has them at that instant. Client sessions are
@@ -10,7 +10,8 @@ balancer). Placement, modes, sessions and leases are the production code's
 (`Pool.admit`, `Lease.end`); only the clock and the HTTP are replaced.
 
     python -m gateway.bench.fleet --workload seed --staleness 0.25,1,3 \\
-        --json docs/fleet/fleet-seed.json --markdown docs/fleet/fleet-seed.md --plot docs/fleet/fleet.png
+        --json lab/results/fleet/fleet-seed.json --markdown lab/results/fleet/fleet-seed.md \
+        --plot lab/results/fleet/fleet.png
 
 Every figure is deterministic: the same arguments give the same numbers bit for bit.
 """
@@ -30,7 +31,7 @@ from gateway.bench.levels import LevelPlan, parse_levels, plan_levels
 from gateway.bench.stats import LevelResult, RequestRecord, summarise
 from gateway.bench.workloads import Job, Outcome, Workload, make_workload
 from gateway.config import Backend, Routing, load_settings
-from gateway.pool import Ask, Lease, PairSpec, Pool
+from gateway.routing.pool import Ask, Lease, PairSpec, Pool
 from gateway.sim.profile import Profile, load_profiles, seed_profiles
 from gateway.sim.virtual import VirtualSim
 

@@ -16,12 +16,12 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.backends import BackendState
 from gateway.bench.stats import RequestRecord
 from gateway.bench.workloads import WORD_ID_BASE, Job, Outcome, Script, Send, Think
-from gateway.moves import choose_moves
-from gateway.pool import Flip, Lease
-from gateway.pool import Outcome as LeaseOutcome
+from gateway.routing.backend import BackendState
+from gateway.routing.policy import choose_moves
+from gateway.routing.pool import Flip, Lease
+from gateway.routing.pool import Outcome as LeaseOutcome
 from gateway.sim.engine import Request
 from gateway.sim.virtual import VirtualSim
 

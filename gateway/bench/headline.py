@@ -1,8 +1,8 @@
 """The README's headline: per hardware and workload, where the pair through the gateway wins
 against the best single server owning the GPUs, and by how much, from ``bench --sim`` JSONs.
 
-    python -m gateway.bench.headline docs/bench/sim-*-*.json
-    python -m gateway.bench.headline --exclude single-adaptive docs/bench/sim-*-*.json
+    python -m gateway.bench.headline lab/results/bench/sim-*-*.json
+    python -m gateway.bench.headline --exclude single-adaptive lab/results/bench/sim-*-*.json
 """
 
 from __future__ import annotations

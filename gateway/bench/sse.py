@@ -2,7 +2,7 @@
 
 Bytes go in as they arrive (``feed``), complete events come out. A chunk may end anywhere: in
 the middle of a field name, of a multi-byte UTF-8 character, or between the ``\\r`` and ``\\n``
-of a CRLF. Whole events are cut by the gateway's own framer (gateway/sse.py, the relay's);
+of a CRLF. Whole events are cut by the gateway's own framer (gateway/apis/sse.py, the relay's);
 within them lines end with CRLF, LF or CR (the SSE spec); lines are decoded only once complete,
 so a split character is never mangled. Comment lines (``: keep-alive``) are skipped; several
 ``data:`` lines join with ``\\n``. ``close()`` flushes the end of the stream, dispatching a last
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gateway.sse import EventFramer
+from gateway.apis.sse import EventFramer
 
 _EOL = re.compile(rb"[\r\n]")
 

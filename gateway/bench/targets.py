@@ -28,7 +28,6 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.adaptive import CrossoverEstimator
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import LevelResult, summarise
 from gateway.bench.turns_virtual import (
@@ -41,6 +40,7 @@ from gateway.bench.turns_virtual import (
 from gateway.bench.virtual import routing_for, run_virtual_level
 from gateway.bench.workloads import Workload
 from gateway.config import Routing
+from gateway.routing.crossover import CrossoverEstimator
 from gateway.sim import memory
 from gateway.sim.profile import Profile, adaptive_timing, packaged_timings, pair_profiles, single_profile
 

@@ -3,9 +3,9 @@ change within one run (``--schedule``).
 
 **The turns pair.** Both servers are sized for the whole GPU less what the parked one still
 holds (:func:`gateway.bench.targets.turns_profiles`). Only the holder steps; the other is
-parked (:meth:`gateway.sim.virtual.VirtualSim.park`). The real :class:`gateway.pool.Pool`
+parked (:meth:`gateway.sim.virtual.VirtualSim.park`). The real :class:`gateway.routing.pool.Pool`
 admits and counts every request and computes the load signal
-(:func:`gateway.policy.load_against_crossover`); the request is placed on the holder (a pin),
+(:func:`gateway.routing.policy.load_against_crossover`); the request is placed on the holder (a pin),
 and the pure :func:`gateway.turns.decision.decide_turn` says when to hand over. A turn, in
 virtual time, as issue 19 orders it:
 
@@ -33,19 +33,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway.adaptive import CrossoverEstimator
-from gateway.backends import BackendState
 from gateway.bench.flights import Flight, Flights, drive_script
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import RequestRecord, summarise
 from gateway.bench.virtual import AcceptMonitor, route, virtual_pool
 from gateway.bench.workloads import Job, Outcome, Workload
 from gateway.config import Role, Routing
-from gateway.policy import load_against_crossover
-from gateway.pool import Ask, Lease, Pool
+from gateway.routing.backend import BackendState
+from gateway.routing.crossover import CrossoverEstimator
+from gateway.routing.policy import load_against_crossover
+from gateway.routing.pool import Ask, Lease, Pool
 from gateway.sim.profile import Profile
 from gateway.sim.virtual import VirtualSim
-from gateway.turns.decision import NEVER, LoadSignal, PairMemory, TurnRules, decide_turn
+from gateway.turns.decision import NEVER, Holding, LoadSignal, TurnRules, decide_turn
 
 MEASURED_TURN_COST_S = 1.5  # memory-turns.md: one pauses, the other resumes, host copy retained
 FINISH_BOUND_S = 30.0  # running="finish": streams still running after this are continued
@@ -246,11 +246,11 @@ class TurnsController:
         running = self._on(self.holder)
         continued = sum(len(f.job.prompt_ids) + f.generated for f in running if f.lease.started)
         cached = min(self._sessions_context(), self.sim.engines[self.holder].prefix_cached_tokens)
-        decision = decide_turn(PairMemory(self.holder, self.since, self.across_since),
+        decision = decide_turn(Holding(self.holder, self.since, self.across_since),
                                LoadSignal(level, top, band), self.rules, now,
                                cached_tokens=cached, continued_tokens=continued)
         self.across_since = decision.across_since
-        if decision.hand_over and decision.to is not None:
+        if decision.turn and decision.to is not None:
             self._begin_turn(decision.to, decision.reason)
         elif decision.reason in ("confirming", "dwell"):
             self._recheck(decision.reason, cached, continued)

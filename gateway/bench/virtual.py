@@ -1,8 +1,8 @@
 """The bench in the simulator's virtual time: no HTTP, deterministic, a C=128 sweep in seconds.
 
-A *virtual gateway* routes every request with the real :class:`gateway.pool.Pool` of one pair
-(and so the real :func:`gateway.policy.decide`), with ``now`` = virtual time, the effective caps the monitor
-would read from ``/server_info`` (the profiles' ``effective_max_running``), session affinity
+A *virtual gateway* routes every request with the real :class:`gateway.routing.pool.Pool` of one pair
+(and so the real :func:`gateway.routing.policy.decide`), with ``now`` = virtual time, the effective caps
+the probes would read from ``/server_info`` (the profiles' ``effective_max_running``), session affinity
 remembered when a request ends (as the relay does), MTP's accept length as the monitor reads
 it from ``/server_info`` (SGLang's cumulative ``avg_spec_accept_length``, refreshed every
 ``ACCEPT_REFRESH_S`` of virtual time, so an acceptance-aware policy sees what it would see
@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from gateway.adaptive import CrossoverEstimator
 from gateway.bench.flights import Flights, drive_script
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import LevelResult, RequestRecord, summarise
 from gateway.bench.workloads import Job, Outcome, Workload
 from gateway.config import Backend, Routing
-from gateway.pool import Ask, Lease, PairSpec, Pool
+from gateway.routing.crossover import CrossoverEstimator
+from gateway.routing.pool import Ask, Lease, PairSpec, Pool
 from gateway.sim.profile import Profile
 from gateway.sim.virtual import VirtualSim
 

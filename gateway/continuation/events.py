@@ -6,8 +6,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from gateway.sse import split_events
-from gateway.streams import data_of
+from gateway.apis.sse import split_events
+from gateway.apis.streams import data_of
 
 DONE = b"data: [DONE]\n\n"
 

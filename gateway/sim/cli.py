@@ -16,7 +16,7 @@ from gateway.sim.faults import Faults
 from gateway.sim.profile import load_profiles
 from gateway.sim.saver import SaverOptions
 from gateway.sim.server import SimOptions, SimPair, start_sim_pair
-from gateway.speed import add_speed_argument
+from gateway.sim.speed import add_speed_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

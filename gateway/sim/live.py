@@ -2,7 +2,7 @@
 
 Each step sleeps ``step.duration_s * slow_factor / speed`` seconds while holding the device
 lock, so ``speed=20`` runs the model 20x faster than the real GPU would (tests use 10-50;
-gateway/speed.py), and two engines that share one :class:`Device` take turns, as on one GPU.
+gateway/sim/speed.py), and two engines that share one :class:`Device` take turns, as on one GPU.
 Steps are scheduled on the simulated clock, not on when this task next gets the CPU: a step
 starts when the device was free and the work was there, so a wake-up that comes late (a loaded
 machine, a busy event loop) is paid back by the next steps' shorter sleeps and tokens/s holds,
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from gateway.sim.engine import Engine, Output, QueueFullError, Request
 from gateway.sim.faults import FaultState
-from gateway.speed import SPEED_MEANING
+from gateway.sim.speed import SPEED_MEANING
 
 # How far behind its schedule a device may fall and still catch up (wall seconds): a process
 # stopped for longer (a debugger, a suspended VM) resumes at real speed rather than in a burst.

@@ -3,7 +3,7 @@
 - `state`: the pair's memory state, a pure state machine (who holds the memory, each step of
   a turn in progress, what a failure leaves, how a restart settles);
 - `decision`: when to hand over (vturns);
-- SGLang 0.5.23's memory-saver calls are in the engine seam (gateway/engine/sglang.py, MemorySaver);
+- SGLang 0.5.23's memory-saver calls are in the engine seam (gateway/upstream/engine/sglang.py, MemorySaver);
 - `driver`: the one task per pair that does the I/O the state machine asks for;
 - `follow`: a replica that follows another gateway's turns (`turns.controller_url`);
 - `waiting`: the arrivals that wait at the gateway while no server admits;

@@ -5,11 +5,11 @@ turns controller live, ``gateway.bench.turns_virtual`` in virtual time) owns the
 between turns only (never while one is in progress), and keeps ``TurnDecision.across_since``
 for the next call.
 
-    decision = decide_turn(PairMemory(holder="mtp", since=t0, across_since=None),
-                           LoadSignal(level, crossover, band),   # gateway.policy.load_against_crossover
+    decision = decide_turn(Holding(holder="mtp", since=t0, across_since=None),
+                           LoadSignal(level, crossover, band),   # routing.policy.load_against_crossover
                            TurnRules(turn_cost_s=1.5), now,
                            cached_tokens=..., continued_tokens=...)
-    if decision.hand_over: ...start a turn to decision.to...
+    if decision.turn: ...start a turn to decision.to...
 
 The rule:
 - the load wants plain at or above the crossover, MTP at or below ``crossover - band``, and
@@ -32,7 +32,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-Role = Literal["mtp", "plain"]
+from gateway.config import Role
+
 TurnReason = Literal[
     "holder_fits",  # the load is on the holder's side (or inside the band)
     "confirming",  # on the other side, not yet for long enough
@@ -68,7 +69,7 @@ class TurnRules:
 
 
 @dataclass(frozen=True, slots=True)
-class PairMemory:
+class Holding:
     """Who holds the memory, since when (NEVER: since the start), and since when the load has
     stood on the other server's side (None: it does not)."""
 
@@ -80,7 +81,7 @@ class PairMemory:
 @dataclass(frozen=True, slots=True)
 class LoadSignal:
     """The load the mode follows and its crossover and hysteresis band, in one unit (requests
-    in flight, or sessions at work): ``gateway.policy.load_against_crossover``."""
+    in flight, or sessions at work): ``gateway.routing.policy.load_against_crossover``."""
 
     level: float
     crossover: float
@@ -89,10 +90,10 @@ class LoadSignal:
 
 @dataclass(frozen=True, slots=True)
 class TurnDecision:
-    hand_over: bool
-    to: Role | None  # the incoming server when hand_over
+    turn: bool
+    to: Role | None  # the incoming server when turn
     reason: TurnReason
-    across_since: float | None  # keep it in PairMemory for the next call
+    across_since: float | None  # keep it in Holding for the next call
 
 
 def wanted(holder: Role, load: LoadSignal) -> Role:
@@ -104,7 +105,7 @@ def wanted(holder: Role, load: LoadSignal) -> Role:
     return holder
 
 
-def decide_turn(memory: PairMemory, load: LoadSignal, rules: TurnRules, now: float, *,
+def decide_turn(memory: Holding, load: LoadSignal, rules: TurnRules, now: float, *,
                 cached_tokens: int = 0, continued_tokens: int = 0) -> TurnDecision:
     """Whether to hand the memory over now, and to whom (see the module docstring).
     ``cached_tokens``: the outgoing server's prefix cache that a release throws away and the

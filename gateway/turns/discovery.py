@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from gateway.config import ROLES, Role
-from gateway.engine.probe import Probe
 from gateway.turns.state import Memory, PairMemory, Step, other
+from gateway.upstream.engine.probe import Probe
 
 SETTLE_ATTEMPTS = 3  # plans in a row that failed before the pair is stuck (retried slowly)
 

@@ -20,8 +20,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from gateway.config import ROLES, Role
-from gateway.engine.probe import Probe
-from gateway.engine.sglang import CallFailed
 from gateway.turns import nvml
 from gateway.turns.discovery import discovered, rediscover
 from gateway.turns.handles import PairHandles
@@ -41,6 +39,8 @@ from gateway.turns.state import (
     step_failed,
 )
 from gateway.turns.steps import TICK_S, StepCalls
+from gateway.upstream.engine.probe import Probe
+from gateway.upstream.engine.sglang import CallFailed
 
 log = logging.getLogger("mtp_gateway.turns")
 

@@ -17,11 +17,11 @@ import json
 import logging
 from typing import Any
 
+from gateway.apis.errors import GatewayError
 from gateway.config import ROLES, Role
-from gateway.errors import GatewayError
 from gateway.turns.handles import PairHandles
 from gateway.turns.state import PHASES, Phase, other
-from gateway.upstream import Upstream
+from gateway.upstream.client import Upstream
 
 log = logging.getLogger("mtp_gateway.turns")
 
@@ -105,14 +105,14 @@ class FollowDriver:
             if target in ROLES:
                 self.source, self.turn_seen_at, self.ended_running = other(target), self.pair.clock(), False
         if self.source is not None:
-            self._hand_off(self.source)
+            self._continue_running(self.source)
             if self.phase != "handing":
                 self.source = None
         self.pair.park(self.admitting)
         if self.admitting != before:
             self.pair.on_change()
 
-    def _hand_off(self, source: Role) -> None:
+    def _continue_running(self, source: Role) -> None:
         """This replica's own streams on the outgoing server, as the controller does its own."""
         outgoing, incoming = self.pair.backends[source], self.pair.backends[other(source)]
         self.pair.streams.move_all_unstarted(outgoing, incoming)

@@ -10,13 +10,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.backends import BackendState
 from gateway.config import Role, Turns
-from gateway.engine.sglang import MemorySaver
+from gateway.routing.backend import BackendState
+from gateway.upstream.engine.sglang import MemorySaver
 
 
 class Streams(Protocol):
-    """What the relay does for a turn (gateway/relay.py)."""
+    """What the relay does for a turn (gateway/relay/endpoint.py)."""
 
     def move_all_unstarted(self, source: BackendState, target: BackendState) -> int:
         """Move every stream on `source` that has sent no byte to `target`; how many."""
@@ -30,10 +30,10 @@ class Streams(Protocol):
         """End every request still on `source` with an error in its API's shape; how many."""
         ...
 
-    async def hand_off(self, source: BackendState, target: BackendState, *,
+    async def continue_running(self, source: BackendState, target: BackendState, *,
                        timeout_s: float = 10.0) -> Any:
         """Continue `source`'s running streams on `target` from what their clients have
-        (gateway/handover.py); those that cannot be stay on `source`."""
+        (gateway/relay/in_flight.py); those that cannot be stay on `source`."""
         ...
 
 

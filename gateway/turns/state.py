@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from gateway.config import ROLES, Role
-from gateway.engine.probe import FailureKind, Probe
+from gateway.upstream.engine.probe import FailureKind, Probe
 
 Memory = Literal["held", "released", "releasing", "resuming", "unknown", "gone", "hung"]
 MEMORIES: tuple[Memory, ...] = Memory.__args__  # type: ignore[attr-defined]

@@ -10,11 +10,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from gateway.backends import BackendState
-from gateway.engine.sglang import CallFailed, MemorySaver
+from gateway.routing.backend import BackendState
 from gateway.turns import nvml
 from gateway.turns.handles import PairHandles
 from gateway.turns.state import Step, other
+from gateway.upstream.engine.sglang import CallFailed, MemorySaver
 
 log = logging.getLogger("mtp_gateway.turns")
 
@@ -46,7 +46,7 @@ class StepCalls:
                     log.warning("pair %s: %d streams waiting on %s, which does not hold the "
                                 "memory, ended with an error", pair.name, ended, source.name)
             case "running_streams":
-                await self._hand_off(source, target)
+                await self._continue_running(source, target)
                 await self._running_streams(source)
             case "pause":
                 await saver.pause(turns.call_timeout_s)
@@ -64,13 +64,13 @@ class StepCalls:
             case "check_speculation":
                 await self._check_speculation(saver)
 
-    async def _hand_off(self, source: BackendState, target: BackendState) -> None:
+    async def _continue_running(self, source: BackendState, target: BackendState) -> None:
         """Running streams that can be continued go on on the incoming server. It is paused:
         their continuations wait in its tokenizer and their first events come after its
         resume, so this does not wait for them (timeout 0); each leaves `source` at once."""
         if not source.inflight:
             return
-        result = await self.pair.streams.hand_off(source, target, timeout_s=0)
+        result = await self.pair.streams.continue_running(source, target, timeout_s=0)
         staying = sum(getattr(result, "staying", {}).values())
         log.info("pair %s: running streams on %s handed to %s (%d staying: %s)", self.pair.name,
                  source.name, target.name, staying, getattr(result, "staying", {}))

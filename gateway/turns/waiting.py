@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
-from gateway.errors import NoBackend
+from gateway.apis.errors import NoBackend
 
 T = TypeVar("T")
 

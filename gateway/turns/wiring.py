@@ -11,11 +11,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gateway.config import Role, Settings, Turns
-from gateway.engine.sglang import MemorySaver
-from gateway.policy import load_against_crossover
-from gateway.pool import PairState, Pool
-from gateway.turns.decision import NEVER, LoadSignal, TurnRules, decide_turn, wanted
-from gateway.turns.decision import PairMemory as TurnMemory
+from gateway.routing.policy import load_against_crossover
+from gateway.routing.pool import PairState, Pool
+from gateway.turns.decision import NEVER, Holding, LoadSignal, TurnRules, decide_turn, wanted
 from gateway.turns.driver import PairDriver
 from gateway.turns.follow import FollowDriver
 from gateway.turns.handles import PairHandles, Streams
@@ -23,7 +21,8 @@ from gateway.turns.journal import Journal
 from gateway.turns.metrics import TurnMetrics
 from gateway.turns.state import PairMemory
 from gateway.turns.waiting import WaitingRoom
-from gateway.upstream import Upstream
+from gateway.upstream.client import Upstream
+from gateway.upstream.engine.sglang import MemorySaver
 
 
 class LoadWish:
@@ -55,13 +54,13 @@ class LoadWish:
     def turn_to(self, state: PairMemory, now: float) -> Role | None:
         if state.holder is None:
             return None
-        decision = decide_turn(TurnMemory(state.holder, self.since, self.across_since),
+        decision = decide_turn(Holding(state.holder, self.since, self.across_since),
                                self.load(now), self.rules(), now,
                                cached_tokens=self.pair.sessions.reusable_context(
                                    now, self.pair.routing.session_idle_s),
                                continued_tokens=self.continued_tokens(state.holder))
         self.across_since = decision.across_since
-        if not decision.hand_over or (decision.to == "mtp" and state.speculation_lost):
+        if not decision.turn or (decision.to == "mtp" and state.speculation_lost):
             return None
         return decision.to
 

@@ -1,9 +1,9 @@
 """Issue 13's "Done when" in virtual time: two gateway replicas in front of two simulated pairs.
 
-Each replica is its own `gateway.pool.Pool` (own counts, own mode per pair) that reads every
+Each replica is its own `gateway.routing.pool.Pool` (own counts, own mode per pair) that reads every
 backend's /v1/loads once a second; sessions are split evenly over the replicas. Steady method
 (150 virtual seconds, 50 s warm-up, every client slot starting at once), default profiles and
-config; deterministic, so the asserts are exact. Figures: docs/fleet/README.md.
+config; deterministic, so the asserts are exact. Figures: lab/results/fleet/README.md.
 """
 
 import functools

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Every level from 24 to 32, then a spread to 128. 25..31 lie between MTP's running cap (24) and
 # where plain would overtake it with the seed's 68 slots (~31); the chat workload (acceptance
 # 0.7) crosses near 25. Every level from 1 to 128 was swept once with
-# `mtp-gateway bench --sim --concurrency 1,...,128` (docs/bench/README.md): too slow for the
+# `mtp-gateway bench --sim --concurrency 1,...,128` (lab/results/bench/README.md): too slow for the
 # suite, same verdict. A static crossover of 24 with the capacity guard reached only 86 % (C=26)
 # and 92 % (C=28) on the seed; the acceptance-scaled crossover without the guard passes both.
 # Below MTP's running cap the gateway's run is the mtp-only run bit for bit at every level
@@ -30,7 +30,7 @@ LEVELS = [1, 2, 4, 8, 12, 16, 20, 23, *range(24, 33), 40, 48, 64, 96, 128]
 # plain 28 running, MTP 24) plain never overtakes MTP on the seed workload (24 x 2 tokens per
 # 29.85 ms step > 28 x 1 per 19.1 ms): config.yaml's crossover 31 (fitted when plain had the
 # seed's 68 slots) sent C >= 32 to the slower server (0.918 of MTP). The learned crossover's
-# prior (gateway.adaptive.prior_faster: the caps from /server_info and the accept length) keeps
+# prior (gateway.routing.crossover.prior_faster: the caps from /server_info and the accept length) keeps
 # those levels on MTP before any stream was sampled.
 # The first case of each workload runs the whole sweep (~35 s here): more than the global 60 s
 # default would allow on a machine half as fast.
@@ -75,7 +75,7 @@ def test_gateway_reaches_95_percent_of_the_better_static_backend(workload, concu
 CLEAR_LEAD = 1.03
 # Plain alone is faster on chat (106 against 101 tok/s: accept length 1.7 against MTP's step at
 # 1.78x plain's), but nothing measured it alone at low load, and the prior keeps low load on
-# MTP (a burst from idle would split: gateway.adaptive.prior_faster); 0.953 of plain, >= 0.95.
+# MTP (a burst from idle would split: gateway.routing.crossover.prior_faster); 0.953 of plain, >= 0.95.
 ON_MTP_UNMEASURED = {("chat", 1)}
 
 

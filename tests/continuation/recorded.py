@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gateway.sse import split_events
-from gateway.streams import data_of
+from gateway.apis.sse import split_events
+from gateway.apis.streams import data_of
 
 DATA = Path(__file__).parent.parent / "data" / "continuation"
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.apis.sse import split_events
 from gateway.continuation import Seam, read, splicer
-from gateway.sse import split_events
 from tests.continuation.recorded import head, payloads, recorded
 
 CHAT = "/v1/chat/completions"

@@ -1,4 +1,4 @@
-"""The dashboard's GPU-memory tile (gateway/dashboard.html, showMemory), rendered by the page's
+"""The dashboard's GPU-memory tile (gateway/front/dashboard.html, showMemory), rendered by the page's
 own script in Node against a stub DOM: hidden for split pairs, and for a turns pair the holder,
 the phase and step, the turns, the requests waiting and the last failure, as /admin/state
 says them. (The browser test, tests/test_dashboard.py, needs Chromium; this needs only Node.)"""
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 NODE = shutil.which("node")
-PAGE = Path(__file__).parents[2] / "gateway" / "dashboard.html"
+PAGE = Path(__file__).parents[2] / "gateway" / "front" / "dashboard.html"
 pytestmark = pytest.mark.skipif(NODE is None, reason="needs Node (node on PATH)")
 
 HARNESS = """

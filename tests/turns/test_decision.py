@@ -6,8 +6,8 @@ import pytest
 
 from gateway.turns.decision import (
     NEVER,
+    Holding,
     LoadSignal,
-    PairMemory,
     TurnDecision,
     TurnRules,
     decide_turn,
@@ -19,52 +19,52 @@ RULES = TurnRules(turn_cost_s=1.5, dwell_turns=10, min_dwell_s=5, to_plain_after
 
 
 def test_a_fresh_pair_hands_over_to_plain_as_soon_as_the_load_reaches_the_crossover():
-    below = decide_turn(PairMemory("mtp"), LoadSignal(31, 32, 6), RULES, now=0.0)
-    at = decide_turn(PairMemory("mtp"), LoadSignal(32, 32, 6), RULES, now=0.0)
-    assert not below.hand_over and below.reason == "holder_fits"
-    assert at.hand_over and at.to == "plain" and at.reason == "load_above_crossover"
+    below = decide_turn(Holding("mtp"), LoadSignal(31, 32, 6), RULES, now=0.0)
+    at = decide_turn(Holding("mtp"), LoadSignal(32, 32, 6), RULES, now=0.0)
+    assert not below.turn and below.reason == "holder_fits"
+    assert at.turn and at.to == "plain" and at.reason == "load_above_crossover"
 
 
 def test_inside_the_band_the_holder_keeps_the_memory_both_ways():
     for holder in ("mtp", "plain"):
-        d = decide_turn(PairMemory(holder, since=NEVER), LoadSignal(28, 32, 6), RULES, now=100.0)
-        assert not d.hand_over and d.reason == "holder_fits" and d.across_since is None
+        d = decide_turn(Holding(holder, since=NEVER), LoadSignal(28, 32, 6), RULES, now=100.0)
+        assert not d.turn and d.reason == "holder_fits" and d.across_since is None
     assert wanted("plain", LoadSignal(26, 32, 6)) == "mtp"
 
 
 def test_the_way_back_waits_until_the_load_has_stayed_low_for_the_confirmation():
-    memory = PairMemory("plain", since=0.0)
+    memory = Holding("plain", since=0.0)
     first = decide_turn(memory, LoadSignal(4, 32, 6), RULES, now=100.0)
-    assert not first.hand_over and first.reason == "confirming" and first.across_since == 100.0
-    memory = PairMemory("plain", since=0.0, across_since=first.across_since)
-    assert not decide_turn(memory, LoadSignal(4, 32, 6), RULES, now=103.9).hand_over
+    assert not first.turn and first.reason == "confirming" and first.across_since == 100.0
+    memory = Holding("plain", since=0.0, across_since=first.across_since)
+    assert not decide_turn(memory, LoadSignal(4, 32, 6), RULES, now=103.9).turn
     later = decide_turn(memory, LoadSignal(4, 32, 6), RULES, now=104.0)
-    assert later.hand_over and later.to == "mtp" and later.reason == "load_below_crossover"
+    assert later.turn and later.to == "mtp" and later.reason == "load_below_crossover"
 
 
 def test_a_load_that_comes_back_resets_the_confirmation():
-    memory = PairMemory("plain", since=0.0, across_since=100.0)
+    memory = Holding("plain", since=0.0, across_since=100.0)
     back = decide_turn(memory, LoadSignal(40, 32, 6), RULES, now=102.0)
-    assert not back.hand_over and back.across_since is None
+    assert not back.turn and back.across_since is None
 
 
 def test_the_holder_keeps_the_memory_for_its_dwell_of_ten_turns():
-    memory = PairMemory("plain", since=50.0, across_since=50.0)
+    memory = Holding("plain", since=50.0, across_since=50.0)
     assert decide_turn(memory, LoadSignal(1, 32, 6), RULES, now=50.0 + 14.9).reason == "dwell"
-    assert decide_turn(memory, LoadSignal(1, 32, 6), RULES, now=50.0 + 15.0).hand_over
+    assert decide_turn(memory, LoadSignal(1, 32, 6), RULES, now=50.0 + 15.0).turn
 
 
 def test_a_dearer_turn_and_a_warm_prefix_cache_make_the_holder_hold_longer():
-    memory = PairMemory("mtp", since=0.0)
+    memory = Holding("mtp", since=0.0)
     load = LoadSignal(64, 32, 6)
-    assert decide_turn(memory, load, RULES, now=16.0).hand_over
+    assert decide_turn(memory, load, RULES, now=16.0).turn
     # 50k cached tokens at 10k tok/s add 5 s to a turn: dwell 10 x 6.5 s
     assert decide_turn(memory, load, RULES, now=16.0, cached_tokens=50_000).reason == "dwell"
-    assert decide_turn(memory, load, RULES, now=65.0, cached_tokens=50_000).hand_over
+    assert decide_turn(memory, load, RULES, now=65.0, cached_tokens=50_000).turn
     assert decide_turn(memory, load, RULES, now=64.9, continued_tokens=50_000).reason == "dwell"
     slow = TurnRules(turn_cost_s=15.0)
     assert decide_turn(memory, load, slow, now=149.0).reason == "dwell"
-    assert decide_turn(memory, load, slow, now=150.0).hand_over
+    assert decide_turn(memory, load, slow, now=150.0).turn
 
 
 def test_turn_cost_counts_the_tokens_computed_again():
@@ -81,15 +81,15 @@ def test_bad_rules_are_refused():
     assert NEVER == -math.inf
 
 
-def test_each_decision_not_to_hand_over_is_the_whole_answer():
+def test_each_decision_not_to_turn_is_the_whole_answer():
     """What the caller keeps: no hand-over, no target, the reason, and when the load crossed
     (kept through the confirmation and the dwell, so the dwell's end needs no new one)."""
     load_low = LoadSignal(1, 32, 6)
-    assert decide_turn(PairMemory("mtp"), load_low, RULES, now=1.0) == TurnDecision(
+    assert decide_turn(Holding("mtp"), load_low, RULES, now=1.0) == TurnDecision(
         False, None, "holder_fits", None)
-    assert decide_turn(PairMemory("plain", since=0.0), load_low, RULES, now=100.0) == TurnDecision(
+    assert decide_turn(Holding("plain", since=0.0), load_low, RULES, now=100.0) == TurnDecision(
         False, None, "confirming", 100.0)
-    memory = PairMemory("plain", since=50.0, across_since=51.0)
+    memory = Holding("plain", since=50.0, across_since=51.0)
     assert decide_turn(memory, load_low, RULES, now=60.0) == TurnDecision(False, None, "dwell", 51.0)
     assert decide_turn(memory, load_low, RULES, now=65.0) == TurnDecision(
         True, "mtp", "load_below_crossover", None)

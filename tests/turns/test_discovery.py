@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.engine.probe import Probe
 from gateway.turns.discovery import SETTLE_ATTEMPTS, discovered, rediscover, resolve
 from gateway.turns.state import MEMORIES, Memory, Step, initial
+from gateway.upstream.engine.probe import Probe
 
 PAUSED = Probe(alive=True, ready=False, scheduler_answers=True)
 DEAD = Probe(alive=False)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from gateway.engine.probe import Probe
 from gateway.turns.discovery import discovered
 from gateway.turns.journal import Journal, from_journal, journal
 from gateway.turns.state import PairMemory, begin_turn, initial, sending, step_done
+from gateway.upstream.engine.probe import Probe
 
 READY = Probe(alive=True, ready=True, scheduler_answers=True)
 PAUSED = Probe(alive=True, ready=False, scheduler_answers=True)

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any, cast
 
 from gateway.config import Turns
-from gateway.exchange import Exchange
-from gateway.handover import Handover
-from gateway.pool import Ask, Lease, Pool
+from gateway.relay.exchange import Exchange
+from gateway.relay.in_flight import InFlight
+from gateway.routing.pool import Ask, Lease, Pool
 from gateway.turns.state import PairMemory
 from gateway.turns.wiring import LoadWish
 from tests.turns.test_pool_gate import Gate, turns_pool
@@ -19,7 +19,7 @@ MTP_HOLDS = PairMemory("holding", (("mtp", "held"), ("plain", "released")))
 SETTLED_AT = 1.0  # the last turn ended; it cost 1.5 s: a cold pair's dwell is 10 x 1.5 = 15 s
 
 
-def _wish(pool: Pool, streams: Handover) -> LoadWish:
+def _wish(pool: Pool, streams: InFlight) -> LoadWish:
     wish = LoadWish(pool, pool.pairs["p0"], Turns(), lambda: 0, streams)
     wish.settled("mtp", SETTLED_AT, turn_s=1.5)
     return wish
@@ -35,8 +35,8 @@ def _busy_pool(session_prompts: int = 0) -> Pool:
     return pool
 
 
-def _no_streams() -> Handover:
-    return Handover(cast(Any, None), cast(Any, None))
+def _no_streams() -> InFlight:
+    return InFlight(cast(Any, None), cast(Any, None))
 
 
 def test_a_warm_session_cache_holds_the_memory_longer_before_a_turn() -> None:

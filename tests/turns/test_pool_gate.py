@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.config import Backend, Role, Routing
-from gateway.pool import Ask, Lease, PairSpec, Pool
+from gateway.routing.pool import Ask, Lease, PairSpec, Pool
 
 ROUTING = Routing(crossover=4, hysteresis=2, min_dwell_s=0, load_signal="requests",
                   adaptive_crossover=False)

@@ -1,4 +1,4 @@
-"""The memory-saver calls as the gateway sends them (gateway/engine/sglang.py MemorySaver):
+"""The memory-saver calls as the gateway sends them (gateway/upstream/engine/sglang.py MemorySaver):
 SGLang 0.5.23's paths and bodies, the admin key of an ADMIN_OPTIONAL endpoint
 (utils/auth.py:133-147), and its answers judged as SGLang gives them."""
 
@@ -11,8 +11,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.config import Backend
-from gateway.engine.sglang import CallFailed, MemorySaver
-from gateway.upstream import Upstream
+from gateway.upstream.client import Upstream
+from gateway.upstream.engine.sglang import CallFailed, MemorySaver
 from tests.live import serve_app
 
 SEEN: list[tuple[str, bytes, str | None]] = []

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.engine.probe import Probe
 from gateway.turns.discovery import SETTLE_ATTEMPTS, discovered
 from gateway.turns.journal import from_journal, journal
 from gateway.turns.state import (
@@ -25,6 +24,7 @@ from gateway.turns.state import (
     step_failed,
     turn_plan,
 )
+from gateway.upstream.engine.probe import Probe
 
 PAUSED = Probe(alive=True, ready=False, scheduler_answers=True)
 READY = Probe(alive=True, ready=True, scheduler_answers=True)

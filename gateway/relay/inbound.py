@@ -1,0 +1,295 @@
+"""Pure functions over the incoming request: validate, extract routing facts, build the
+upstream headers and body. No I/O; the relay calls these once per request.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+from msgspec import UNSET, UnsetType
+from pydantic import TypeAdapter, ValidationError
+
+from gateway.apis import OPENAI, api_of
+from gateway.apis.errors import BadRequest, UnsupportedMediaType
+from gateway.config import ROLES, Role
+from gateway.upstream.engine import sglang as engine
+
+Headers = list[tuple[bytes, bytes]]
+T = TypeVar("T")
+_EMPTY_REST = re.compile(rb"[ \t\r\n]*}")  # what follows "{" in an empty object (JSON whitespace)
+Body = tuple[bytes | memoryview, ...]  # written upstream one after the other, never joined
+
+# Paths the gateway proxies, and the field each one needs (None: only "a JSON object").
+PROXY_PATHS: dict[str, str | None] = {
+    "/v1/chat/completions": "messages",
+    "/v1/completions": "prompt",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "messages",
+    "/v1/responses": "input",
+    "/v1/embeddings": "input",
+    "/v1/rerank": None,
+    "/v1/score": None,
+    "/v1/classify": None,
+    "/v1/tokenize": None,
+    "/v1/detokenize": None,
+    "/generate": None,  # SGLang's native API: text, input_ids or input_embeds
+}
+# Paths SGLang also serves on PUT (http_server.py:928, :2101): the same handler as POST.
+PUT_PATHS = frozenset({"/generate", "/v1/rerank"})
+_as_bool = TypeAdapter(bool).validate_python  # how SGLang's pydantic models read `stream`
+
+
+# Never forwarded: they describe this hop, or carry the client's credentials to the gateway.
+_DROP_REQUEST_HEADERS = frozenset({
+    b"host", b"connection", b"keep-alive", b"proxy-authorization", b"proxy-connection", b"te",
+    b"trailer", b"transfer-encoding", b"upgrade", b"content-length", b"authorization",
+    b"x-api-key", b"cookie", b"expect", b"x-gateway-pin", b"accept-encoding",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """What the gateway needs from one proxied request."""
+
+    path: str
+    body: Body  # what goes upstream, in pieces: the client's bytes, plus a rid where SGLang takes one
+    stream: bool
+    model: str | None
+    session: str | None
+    pin: Role | None
+    rid: str | None
+    api: str = OPENAI
+    abort_rids: tuple[str, ...] = ()  # what /abort_request must name to stop all of its work
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # added to the upstream request
+    previous_response_id: str | None = None  # /v1/responses: a stored response it continues
+
+
+def header(headers: Headers, name: bytes) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def check_content_type(headers: Headers) -> None:
+    content_type = header(headers, b"content-type") or ""
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        raise UnsupportedMediaType("Content-Type must be application/json")
+
+
+class RequestFields(msgspec.Struct):
+    """The top-level fields the gateway reads. The rest of the body is checked as JSON and
+    skipped; the big fields (the conversation) stay raw bytes, never become Python objects."""
+
+    model: Any = UNSET
+    stream: Any = UNSET
+    rid: Any = UNSET
+    request_id: Any = UNSET  # /v1/responses
+    previous_response_id: Any = UNSET
+    n: Any = UNSET
+    sampling_params: Any = UNSET  # /generate: n lives there
+    text: msgspec.Raw | UnsetType = UNSET  # /generate
+    input_ids: msgspec.Raw | UnsetType = UNSET
+    user: Any = UNSET
+    metadata: Any = UNSET  # Anthropic Messages: metadata.user_id
+    messages: msgspec.Raw | UnsetType = UNSET
+    prompt: msgspec.Raw | UnsetType = UNSET
+    input: msgspec.Raw | UnsetType = UNSET
+
+
+_decode_fields = msgspec.json.Decoder(RequestFields).decode
+_decode_any = msgspec.json.Decoder().decode
+
+
+def _decoded(decode: Callable[[bytes], T], body: bytes) -> T:
+    """JSON is UTF-8 (RFC 8259), checked in full first: msgspec does not look inside the strings
+    it skips, and invalid UTF-8 or UTF-8-encoded surrogates (b"\xed\xa0\x80") would fail in
+    the backend with a 500 that counts against a healthy backend's circuit. They are the
+    client's 400 here. CPython's decoder does it at memory speed."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest("request body is not valid UTF-8") from exc
+    try:
+        return decode(body)
+    except msgspec.ValidationError as exc:  # the only type declared: an object at the top
+        raise BadRequest("request body must be a JSON object") from exc
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequest("request body is nested too deeply") from exc
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    data = _decoded(_decode_any, body)
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    return data
+
+
+def parse_fields(body: bytes) -> RequestFields:
+    """Only the fields the gateway reads become Python objects: a full parse of a 400 KB agent
+    context builds thousands, for nothing (lab/results/perf/profile-c128.md)."""
+    return _decoded(_decode_fields, body)
+
+
+def validate_fields(path: str, fields: RequestFields) -> None:
+    required = PROXY_PATHS.get(path)
+    if required is not None and getattr(fields, required) is UNSET:
+        raise BadRequest(f"missing required field '{required}'")
+    model = fields.model
+    if model is not UNSET and model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string")
+    if path == "/v1/chat/completions" and not _is_array(fields.messages):
+        raise BadRequest("'messages' must be an array")
+
+
+def is_stream(value: Any) -> bool:
+    """`stream` as SGLang's pydantic models read it: true, 1, "true", "yes", "on", ... (lax
+    bool); a value pydantic refuses is the client's 400 here too."""
+    if value is True or value is False:
+        return value
+    if value is UNSET or value is None:
+        return False
+    try:
+        return _as_bool(value)
+    except ValidationError:
+        raise BadRequest("'stream' must be a boolean") from None
+
+
+def _is_array(raw: msgspec.Raw | UnsetType) -> bool:
+    return raw is not UNSET and memoryview(raw)[:1].tobytes() == b"["
+
+
+def session_of(headers: Headers, fields: RequestFields, session_headers: tuple[str, ...]) -> str | None:
+    for name in session_headers:
+        value = header(headers, name.lower().encode("latin-1"))
+        if value:
+            return value
+    user = fields.user
+    if isinstance(user, str) and user:
+        return user
+    metadata = fields.metadata
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    return user_id if isinstance(user_id, str) else None
+
+
+def pin_of(headers: Headers, allowed: bool) -> Role | None:
+    value = header(headers, b"x-gateway-pin")
+    if value is None or not allowed:
+        return None
+    if value not in ROLES:
+        raise BadRequest(f"x-gateway-pin must be one of {', '.join(ROLES)}")
+    return value
+
+
+def with_rid(body: bytes, fields: RequestFields, name: str = "rid",
+             prefix: str = "") -> tuple[Body, str | None]:
+    """Give the request an id SGLang will use, by splicing bytes rather than re-encoding: the
+    id goes in a small piece of its own, the client's bytes follow as a view (no copy)."""
+    existing = getattr(fields, name)
+    if existing is not UNSET:
+        return (body,), existing if isinstance(existing, str) and existing else None
+    if not body.lstrip().startswith(b"{"):
+        return (body,), None  # e.g. UTF-16: leave it alone rather than guess
+    rid = prefix + engine.new_rid()
+    start = body.index(b"{") + 1
+    separator = b"" if _EMPTY_REST.match(body, start) else b","
+    head = b'%s"%s":"%s"%s' % (body[:start], name.encode(), rid.encode(), separator)
+    return (head, memoryview(body)[start:]), rid
+
+
+def abort_rids(path: str, fields: RequestFields, rid: str | None) -> tuple[str, ...]:
+    """The rids the engine gives the work of one request (a batch is a list of prompts on
+    /v1/completions or /generate): engine.abort_rids."""
+    if rid is None:
+        return ()
+    samples = _samples(fields)
+    batch = None if samples > 1 else _batch_size(  # n > 1: no rid to name, no list to read
+        fields.prompt if path == "/v1/completions" else
+        fields.text if fields.text is not UNSET else fields.input_ids)
+    return engine.abort_rids(rid, samples, batch)
+
+
+def _samples(fields: RequestFields) -> int:
+    n = fields.n
+    params = fields.sampling_params
+    if n is UNSET and isinstance(params, dict):
+        n = params.get("n", 1)
+    return n if isinstance(n, int) else 1
+
+
+def _batch_size(raw: msgspec.Raw | UnsetType) -> int | None:
+    """Length of a list of prompts (strings or token lists); None for a single prompt."""
+    if raw is UNSET:
+        return None
+    view = memoryview(raw)
+    if bytes(view[:1]) != b"[" or bytes(view[1:].tobytes().lstrip()[:1]) not in (b'"', b"["):
+        return None
+    items = msgspec.json.decode(view)
+    return len(items) if isinstance(items, list) else None
+
+
+def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: tuple[str, ...],
+                  allow_pin: bool) -> Inbound:
+    check_content_type(headers)
+    fields = parse_fields(body)
+    validate_fields(path, fields)
+    rid = None
+    parts: Body = (body,)
+    extra: tuple[tuple[bytes, bytes], ...] = ()
+    name = engine.RID_FIELDS.get(path)
+    if name is not None:
+        prefix = engine.RESPONSE_ID_PREFIX if name == "request_id" else ""
+        parts, rid = with_rid(body, fields, name, prefix)
+    elif path in engine.RID_HEADER_PATHS:
+        rid = header(headers, engine.RID_HEADER) or engine.new_rid()
+        extra = ((engine.RID_HEADER, rid.encode("latin-1")),)
+    previous = fields.previous_response_id
+    return Inbound(
+        path=path,
+        body=parts,
+        stream=is_stream(fields.stream),
+        model=fields.model if isinstance(fields.model, str) else None,
+        session=session_of(headers, fields, session_headers),
+        pin=pin_of(headers, allow_pin),
+        rid=rid,
+        api=api_of(path),
+        abort_rids=abort_rids(path, fields, rid),
+        headers=extra,
+        previous_response_id=previous if isinstance(previous, str) and previous else None,
+    )
+
+
+def upstream_headers(headers: Headers, api_key: str | None,
+                     extra: tuple[tuple[bytes, bytes], ...] = ()) -> list[tuple[bytes, bytes]]:
+    drop = _DROP_REQUEST_HEADERS | {name for name, _ in extra}
+    for key, value in headers:
+        # Headers named in Connection describe this hop only (RFC 9110 7.6.1).
+        if key == b"connection" and value.lower() not in (b"keep-alive", b"close"):
+            drop = drop | {token.strip().lower() for token in value.split(b",")}
+    kept = [(key, value) for key, value in headers if key not in drop]
+    kept.extend(extra)
+    if api_key:
+        kept.append((b"authorization", b"Bearer " + api_key.encode("latin-1")))
+    return kept
+
+
+def bearer_token(headers: Headers) -> str | None:
+    """The client's key: `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic)."""
+    auth = header(headers, b"authorization")
+    if auth and auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return header(headers, b"x-api-key")
+
+
+BYTES_PER_TOKEN = 4  # what a body's length says about its prompt, without tokenizing it
+
+
+def prompt_tokens_from_bytes(body_bytes: int) -> int:
+    """The gateway's estimate of a request's prompt tokens from its body's size."""
+    return max(0, body_bytes) // BYTES_PER_TOKEN
