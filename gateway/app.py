@@ -17,13 +17,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.apis import PROXY_PATHS
 from gateway.apis.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
 from gateway.config import ConfigError, Settings, build_settings, read_yaml
 from gateway.front.endpoints import router as api_routes
 from gateway.metrics import GatewayMetrics
 from gateway.relay.asgi import Receive, Scope, Send
 from gateway.relay.endpoint import ProxyEndpoint
-from gateway.relay.inbound import PROXY_PATHS
 from gateway.routing.pool import Pool
 from gateway.routing.sessions import ResponseStore
 from gateway.turns.wiring import build_turns

@@ -31,10 +31,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.apis import ANTHROPIC, api_of
+from gateway.apis import ANTHROPIC_API, PROXY_PATHS, PUT_PATHS, api_of
 from gateway.app import create_app
 from gateway.front.server import uvicorn_config
-from gateway.relay.inbound import PROXY_PATHS, PUT_PATHS
 from gateway.sim.faults import Faults
 from gateway.sim.server import SimOptions, start_sim_pair
 from tests.conftest import LiveGateway, gateway_settings, live_gateway
@@ -67,7 +66,7 @@ def valid_body(path: str) -> dict[str, Any]:
 
 def assert_error_in_api_shape(response: httpx.Response, path: str) -> None:
     """/v1/messages answers in Anthropic's envelope, every other path in OpenAI's."""
-    if api_of(path) != ANTHROPIC:
+    if api_of(path) != ANTHROPIC_API:
         assert_openai_error(response)
         return
     body = response.json()

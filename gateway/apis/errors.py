@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.apis import ANTHROPIC, OPENAI
+from gateway.apis import ANTHROPIC_API, OPENAI_API
 
 
 class GatewayError(Exception):
@@ -44,13 +44,13 @@ class GatewayError(Exception):
         self.message = message
         self.headers = headers or {}
 
-    def body(self, api: str = OPENAI) -> dict[str, object]:
-        if api == ANTHROPIC:
+    def body(self, api: str = OPENAI_API) -> dict[str, object]:
+        if api == ANTHROPIC_API:
             return anthropic_error(self.status, self.message)
         return {"error": {"message": self.message, "type": self.type, "param": None,
                           "code": self.code}}
 
-    def to_bytes(self, api: str = OPENAI) -> bytes:
+    def to_bytes(self, api: str = OPENAI_API) -> bytes:
         return json.dumps(self.body(api)).encode()
 
 

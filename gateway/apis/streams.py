@@ -25,24 +25,33 @@ import time
 import uuid
 from typing import Any
 
-from gateway.apis import ANTHROPIC, RESPONSES
+from gateway.apis import ANTHROPIC_API, GENERATE, OPENAI_API, RESPONSES_API
 from gateway.apis.errors import ANTHROPIC_STATUS, GatewayError, anthropic_error
 
 _LEAD_IN = {
-    ANTHROPIC: (b"event: message_start",),
-    RESPONSES: (b"event: response.created", b"event: response.in_progress",
+    ANTHROPIC_API: (b"event: message_start",),
+    RESPONSES_API: (b"event: response.created", b"event: response.in_progress",
                 b"event: response.queued"),
 }
-_ERROR_EVENT = {ANTHROPIC: b"event: error", RESPONSES: b"event: response.failed"}
+# The one table of in-stream error events, per API: bytes every error event holds and ordinary
+# events never do (but for a model's text that quotes them: the event itself is checked then).
+ERROR_EVENTS = {OPENAI_API: b'{"error"', ANTHROPIC_API: b"event: error",
+                RESPONSES_API: b"event: response.failed"}
+GENERATE_ERROR = b'"type":"abort"'  # /generate: an abort with a status is SGLang's error there
 _OPEN_BLOCK = re.compile(rb'"type":\s*"content_block_(start|delta|stop)",\s*"index":\s*(\d+)')
 _SEQUENCE = re.compile(rb'"sequence_number":\s*(\d+)')
 # An error event's first line, anchored at a line start: inside JSON a newline is escaped, so
 # a model that writes "event: error" in its text cannot look like one.
 _ENDS_IN_ERROR = {
-    ANTHROPIC: re.compile(rb"^event: error\r?$", re.M),
-    RESPONSES: re.compile(rb"^event: response\.failed\r?$", re.M),
+    ANTHROPIC_API: re.compile(rb"^event: error\r?$", re.M),
+    RESPONSES_API: re.compile(rb"^event: response\.failed\r?$", re.M),
 }
 _OPENAI_ERROR = re.compile(rb'^data: ?\{"error"', re.M)
+
+
+def error_mark(path: str, api: str) -> bytes:
+    """What every error event of a stream holds (ERROR_EVENTS), for its path and API."""
+    return GENERATE_ERROR if path == GENERATE else ERROR_EVENTS[api]
 
 
 def leads_in(api: str, event: bytes) -> bool:
@@ -62,12 +71,12 @@ def data_of(event: bytes) -> bytes:
 
 def event_error(api: str, event: bytes) -> tuple[int, str] | None:
     """(status, message) when `event` reports an error in its API's form, else None."""
-    marker = _ERROR_EVENT.get(api)
-    if marker is not None:
+    if api != OPENAI_API:
+        marker = ERROR_EVENTS[api]
         if not event.startswith(marker):
             return None
         payload = _json(data_of(event))
-        if api == ANTHROPIC:
+        if api == ANTHROPIC_API:
             error = _dict(payload.get("error"))
             return ANTHROPIC_STATUS.get(error.get("type", ""), 502), str(error.get("message", ""))
         error = _dict(_dict(payload.get("response")).get("error"))
@@ -105,21 +114,18 @@ def _dict(value: Any) -> dict[str, Any]:
 def ending(api: str, exc: GatewayError, recent: bytes, *, response_id: str | None,
            model: str | None) -> bytes:
     """The bytes that end a stream the gateway breaks off, after the whole events `recent`."""
-    if api == ANTHROPIC:
+    if api == ANTHROPIC_API:
         return _anthropic_ending(exc, recent, model)
-    if api == RESPONSES:
+    if api == RESPONSES_API:
         return _responses_ending(exc, recent, response_id, model)
     return b"data: " + exc.to_bytes() + b"\n\ndata: [DONE]\n\n"
-
-
-_OPENAI_ERROR_TEXT = b'{"error"'
 
 
 def ends_in_error(api: str, recent: bytes) -> bool:
     """The stream that just ended reported an error of its own near its end. The anchored
     pattern has no literal prefix to skip ahead by (it tries every byte, ~65k instructions for
     a stream's last events): it runs only where its text is."""
-    if recent.find(_ERROR_EVENT.get(api) or _OPENAI_ERROR_TEXT) < 0:
+    if recent.find(ERROR_EVENTS[api]) < 0:
         return False
     return (_ENDS_IN_ERROR.get(api) or _OPENAI_ERROR).search(recent) is not None
 

@@ -11,10 +11,6 @@ from gateway.apis.streams import data_of
 
 DONE = b"data: [DONE]\n\n"
 
-# The kind of stream, by path: chat and Messages/Responses differ in how they are continued.
-CHAT, COMPLETIONS, GENERATE = "/v1/chat/completions", "/v1/completions", "/generate"
-MESSAGES, RESPONSES = "/v1/messages", "/v1/responses"
-PATHS = (CHAT, COMPLETIONS, GENERATE, MESSAGES, RESPONSES)
 
 
 def parsed(events: bytes) -> Iterator[tuple[str | None, bytes, Any]]:

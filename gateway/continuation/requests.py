@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.apis import CHAT, COMPLETIONS, GENERATE, MESSAGES, RESPONSES
 from gateway.continuation.convert import Unconvertible, messages_as_chat, responses_as_chat
-from gateway.continuation.events import CHAT, COMPLETIONS, GENERATE, MESSAGES, RESPONSES, dumps
+from gateway.continuation.events import dumps
 from gateway.continuation.transcript import Relayed
 
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # sampling_params.py: max_new_tokens = 128

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gateway.apis import CHAT, COMPLETIONS, GENERATE, MESSAGES, RESPONSES
 from gateway.continuation.convert import Unconvertible, messages_as_chat, responses_as_chat
-from gateway.continuation.events import CHAT, COMPLETIONS, GENERATE, MESSAGES, RESPONSES
 from gateway.continuation.transcript import Relayed
 
 SAMPLES = "samples"  # n > 1

@@ -12,9 +12,9 @@ Usage counts the whole answer as SGLang would have for one request (seam.py).
 
 from __future__ import annotations
 
+from gateway.apis import CHAT, COMPLETIONS, GENERATE, MESSAGES, RESPONSES
 from gateway.continuation.as_messages import MessagesSplicer
 from gateway.continuation.as_responses import ResponsesSplicer
-from gateway.continuation.events import CHAT, COMPLETIONS, GENERATE, MESSAGES, RESPONSES
 from gateway.continuation.same_api import ChatSplicer, CompletionSplicer, GenerateSplicer
 from gateway.continuation.seam import Seam, Splicer
 

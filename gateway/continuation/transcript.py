@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.continuation.events import CHAT, COMPLETIONS, GENERATE, MESSAGES, RESPONSES, parsed
+from gateway.apis import CHAT, COMPLETIONS, GENERATE, MESSAGES, RESPONSES
+from gateway.continuation.events import parsed
 
 
 @dataclass

@@ -9,6 +9,7 @@ import asyncio
 import hmac
 import time
 
+from gateway.apis import PUT_PATHS
 from gateway.apis.errors import (
     BadRequest,
     GatewayError,
@@ -23,7 +24,6 @@ from gateway.config import Settings
 from gateway.relay.asgi import Receive, Scope
 from gateway.relay.deadlines import LOOKS_PER_DEADLINE, shared_looks
 from gateway.relay.inbound import (
-    PUT_PATHS,
     Headers,
     Inbound,
     bearer_token,

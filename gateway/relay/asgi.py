@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.apis import OPENAI
+from gateway.apis import OPENAI_API
 from gateway.apis.errors import GatewayError
 
 Scope = MutableMapping[str, Any]  # as ASGI servers and Starlette type them
@@ -18,7 +18,7 @@ RawHeaders = list[tuple[bytes, bytes]]
 
 
 async def send_error(send: Send, exc: GatewayError, extra: RawHeaders | None = None,
-                     api: str = OPENAI) -> None:
+                     api: str = OPENAI_API) -> None:
     """A whole error response in the shape of the API the request came in on."""
     body = exc.to_bytes(api)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

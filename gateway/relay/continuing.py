@@ -13,12 +13,12 @@ import dataclasses
 import json
 from typing import Any
 
+from gateway.apis import GENERATE
 from gateway.apis.errors import GatewayError, UpstreamBroken, UpstreamRefused, UpstreamStatus
 from gateway.apis.sse import EventFramer, split_events
 from gateway.apis.streams import event_error
 from gateway.continuation import Relayed, Seam, Splicer, continuation, read, refusal, splicer
 from gateway.continuation.convert import Unconvertible
-from gateway.continuation.events import GENERATE
 from gateway.continuation.rules import SHAPE
 from gateway.relay.exchange import Exchange
 from gateway.relay.inbound import upstream_headers

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from gateway.access_log import log_access
-from gateway.apis import RESPONSES, api_of
+from gateway.apis import RESPONSES_API, api_of
 from gateway.apis.errors import GatewayError, UpstreamStatus
 from gateway.config import Settings
 from gateway.metrics import GatewayMetrics
@@ -112,7 +112,7 @@ class ProxyEndpoint:
                 exchange.upstream.close()
             self.endings.end_lease(exchange)
             backend = lease.backend.name
-            if inbound.api == RESPONSES and inbound.rid and exchange.status == 200:
+            if inbound.api == RESPONSES_API and inbound.rid and exchange.status == 200:
                 self.responses.remember(inbound.rid, backend)
             self.metrics.e2e.labels(backend).observe(time.monotonic() - started)
             if settings.log.access:

@@ -13,7 +13,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.apis import OPENAI, api_of
+from gateway.apis import OPENAI_API, PROXY_PATHS, api_of
 from gateway.apis.errors import BadRequest, UnsupportedMediaType
 from gateway.config import ROLES, Role
 from gateway.upstream.engine import sglang as engine
@@ -23,23 +23,6 @@ T = TypeVar("T")
 _EMPTY_REST = re.compile(rb"[ \t\r\n]*}")  # what follows "{" in an empty object (JSON whitespace)
 Body = tuple[bytes | memoryview, ...]  # written upstream one after the other, never joined
 
-# Paths the gateway proxies, and the field each one needs (None: only "a JSON object").
-PROXY_PATHS: dict[str, str | None] = {
-    "/v1/chat/completions": "messages",
-    "/v1/completions": "prompt",
-    "/v1/messages": "messages",
-    "/v1/messages/count_tokens": "messages",
-    "/v1/responses": "input",
-    "/v1/embeddings": "input",
-    "/v1/rerank": None,
-    "/v1/score": None,
-    "/v1/classify": None,
-    "/v1/tokenize": None,
-    "/v1/detokenize": None,
-    "/generate": None,  # SGLang's native API: text, input_ids or input_embeds
-}
-# Paths SGLang also serves on PUT (http_server.py:928, :2101): the same handler as POST.
-PUT_PATHS = frozenset({"/generate", "/v1/rerank"})
 _as_bool = TypeAdapter(bool).validate_python  # how SGLang's pydantic models read `stream`
 
 
@@ -62,7 +45,7 @@ class Inbound:
     session: str | None
     pin: Role | None
     rid: str | None
-    api: str = OPENAI
+    api: str = OPENAI_API
     abort_rids: tuple[str, ...] = ()  # what /abort_request must name to stop all of its work
     headers: tuple[tuple[bytes, bytes], ...] = ()  # added to the upstream request
     previous_response_id: str | None = None  # /v1/responses: a stored response it continues

@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from gateway.apis import ANTHROPIC, RESPONSES
 from gateway.apis.errors import UpstreamStreamError
 from gateway.apis.sse import split_events
-from gateway.apis.streams import event_error
+from gateway.apis.streams import error_mark, event_error
 from gateway.metrics import GatewayMetrics
 from gateway.relay.asgi import Send
 from gateway.relay.client_io import ClientWriter
@@ -29,17 +28,6 @@ KEEPALIVE_COMMENT = b": keep-alive\n\n"
 def last_events(exchange: Exchange) -> bytes:
     """The last events sent: where a stream's usage and error are."""
     return b"".join(exchange.recent[-RECENT_CHUNKS:])
-
-
-def error_mark(path: str, api: str) -> bytes:
-    """Bytes every error event of the stream's API holds (and ordinary events never do, but
-    for a model's text that quotes them: the event itself is checked then)."""
-    if path == "/generate":
-        return b'"type":"abort"'  # an abort with a status is SGLang's error there
-    return _ERROR_MARKS.get(api, b'{"error"')
-
-
-_ERROR_MARKS = {ANTHROPIC: b"event: error", RESPONSES: b"event: response.failed"}
 
 
 # What SGLang's adapters send just before their error event, closing the open block or item

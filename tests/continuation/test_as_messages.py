@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from gateway.apis import CHAT, MESSAGES
 from gateway.continuation import Relayed, Seam, splicer
-from gateway.continuation.events import CHAT, MESSAGES, parsed
+from gateway.continuation.events import parsed
 
 
 def event(value: Any) -> bytes:

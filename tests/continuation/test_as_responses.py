@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway.apis import CHAT, RESPONSES
 from gateway.apis.sse import split_events
 from gateway.continuation import Relayed, Seam, splicer
-from gateway.continuation.events import CHAT, RESPONSES, parsed
+from gateway.continuation.events import parsed
 
 RESPONSE = {"id": "resp_1", "object": "response", "status": "in_progress", "model": "m"}
 

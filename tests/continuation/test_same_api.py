@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from gateway.apis import CHAT, COMPLETIONS, GENERATE
 from gateway.continuation import Relayed, Seam, splicer
-from gateway.continuation.events import CHAT, COMPLETIONS, DONE, GENERATE
+from gateway.continuation.events import DONE
 
 CHAT_ID = "chatcmpl-first"
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway.apis import CHAT, MESSAGES, RESPONSES
 from gateway.continuation import Relayed, Seam, splicer
-from gateway.continuation.events import CHAT, MESSAGES, RESPONSES, named_event
+from gateway.continuation.events import named_event
 
 
 def event(value: Any) -> bytes:
