@@ -105,9 +105,10 @@ async def open_continuation(upstream: Upstream, exchange: Exchange, planned: Pla
     if response.status >= 400:
         detail = (await response.read())[:500].decode("utf-8", "replace")
         raise UpstreamStatus(response.status, target.name, detail)
-    options = planned.body.get("stream_options")
-    seam = Seam(relayed, tokens, include_usage=isinstance(options, dict)
-                and bool(options.get("include_usage")))
+    options = planned.body.get("stream_options")  # the gateway's own when it asked (usage_asked)
+    asked = isinstance(options, dict) and bool(options.get("include_usage"))
+    seam = Seam(relayed, tokens, include_usage=target.usage_by_default
+                or (asked and not inbound.usage_asked))
     framer = SplicingFramer(splicer(path, made.path, seam))
     head = await _first_event(response, framer, target.name, exchange)
     exchange.framer = framer

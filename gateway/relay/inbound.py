@@ -13,7 +13,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.apis import OPENAI_API, PROXY_PATHS, api_of
+from gateway.apis import CHAT, COMPLETIONS, OPENAI_API, PROXY_PATHS, api_of
 from gateway.apis.errors import BadRequest, UnsupportedMediaType
 from gateway.config import ROLES, Role
 from gateway.upstream.engine import sglang as engine
@@ -23,6 +23,8 @@ T = TypeVar("T")
 _EMPTY_REST = re.compile(rb"[ \t\r\n]*}")  # what follows "{" in an empty object (JSON whitespace)
 Body = tuple[bytes | memoryview, ...]  # written upstream one after the other, never joined
 
+# Streams that end with a usage chunk when asked (stream_options.include_usage).
+USAGE_PATHS = frozenset({CHAT, COMPLETIONS})
 _as_bool = TypeAdapter(bool).validate_python  # how SGLang's pydantic models read `stream`
 
 
@@ -49,6 +51,7 @@ class Inbound:
     abort_rids: tuple[str, ...] = ()  # what /abort_request must name to stop all of its work
     headers: tuple[tuple[bytes, bytes], ...] = ()  # added to the upstream request
     previous_response_id: str | None = None  # /v1/responses: a stored response it continues
+    usage_asked: bool = False  # the gateway asked for the usage chunk its client did not ask for
 
 
 def header(headers: Headers, name: bytes) -> str | None:
@@ -73,6 +76,7 @@ class RequestFields(msgspec.Struct):
     rid: Any = UNSET
     request_id: Any = UNSET  # /v1/responses
     previous_response_id: Any = UNSET
+    stream_options: Any = UNSET
     n: Any = UNSET
     sampling_params: Any = UNSET  # /generate: n lives there
     text: msgspec.Raw | UnsetType = UNSET  # /generate
@@ -186,6 +190,20 @@ def with_rid(body: bytes, fields: RequestFields, name: str = "rid",
     return (head, memoryview(body)[start:]), rid
 
 
+def asking_usage(parts: Body) -> Body:
+    """The body with stream_options.include_usage set, for a stream whose client did not set
+    stream_options: spliced after the opening brace like the rid (the rid's piece, or the body's
+    own first bytes), so the learned crossover gets every stream's usage. The relay takes the
+    usage chunk out of what the client gets (relay/pump.py)."""
+    first = parts[0]
+    assert isinstance(first, bytes)  # the body, or the rid's piece before it (with_rid)
+    start = first.index(b"{") + 1
+    rest = memoryview(first)[start:] if len(parts) == 1 else first[start:]
+    empty = len(parts) == 1 and _EMPTY_REST.match(first, start) is not None
+    head = first[:start] + engine.ASK_USAGE + (b"" if empty else b",")
+    return (head, rest, *parts[1:])
+
+
 def abort_rids(path: str, fields: RequestFields, rid: str | None) -> tuple[str, ...]:
     """The rids the engine gives the work of one request (a batch is a list of prompts on
     /v1/completions or /generate): engine.abort_rids."""
@@ -232,11 +250,16 @@ def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: 
     elif path in engine.RID_HEADER_PATHS:
         rid = header(headers, engine.RID_HEADER) or engine.new_rid()
         extra = ((engine.RID_HEADER, rid.encode("latin-1")),)
+    stream = is_stream(fields.stream)
+    usage_asked = (stream and path in USAGE_PATHS and fields.stream_options is UNSET
+                   and body.lstrip()[:1] == b"{")
+    if usage_asked:
+        parts = asking_usage(parts)
     previous = fields.previous_response_id
     return Inbound(
         path=path,
         body=parts,
-        stream=is_stream(fields.stream),
+        stream=stream,
         model=fields.model if isinstance(fields.model, str) else None,
         session=session_of(headers, fields, session_headers),
         pin=pin_of(headers, allow_pin),
@@ -245,6 +268,7 @@ def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: 
         abort_rids=abort_rids(path, fields, rid),
         headers=extra,
         previous_response_id=previous if isinstance(previous, str) and previous else None,
+        usage_asked=usage_asked,
     )
 
 

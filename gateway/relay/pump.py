@@ -21,6 +21,7 @@ from gateway.relay.client_io import ClientWriter
 from gateway.relay.deadlines import KEEPALIVE
 from gateway.relay.exchange import RECENT_CHUNKS, Exchange
 from gateway.upstream.client import UpstreamResponse
+from gateway.upstream.engine import sglang as engine
 
 KEEPALIVE_COMMENT = b": keep-alive\n\n"
 
@@ -71,14 +72,18 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
     mark = error_mark(exchange.inbound.path, exchange.inbound.api) if stop_at_error else None
     if mark is not None and first.find(mark) >= 0:  # the attempt may have read it all at once
         first = _before_error(exchange, first, response)
+    unasked = (engine.USAGE_CHUNK if exchange.inbound.usage_asked
+               and not exchange.lease.backend.usage_by_default else None)
     if first:  # already framed (the attempt read it): kept, and sent by `send`
         recent.append(first)
+        if unasked is not None and first.find(unasked) >= 0:
+            first = _without(first, unasked)
         await send({"type": "http.response.body", "body": first, "more_body": True})
     if exchange.stream_error is not None:  # in `first`: nothing after it is relayed
         exchange.lease.output_chunks = exchange.relayed_pieces()
         return
     fast = writer if writer is not None and writer.usable() else None
-    relay, progress = _relay(exchange, response, fast, mark)
+    relay, progress = _relay(exchange, response, fast, mark, unasked)
     exchange.deadlines.follow(progress)
     try:
         if fast is not None:
@@ -92,8 +97,15 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
         exchange.lease.output_chunks = exchange.relayed_pieces()
 
 
+def _without(events: bytes, unasked: bytes) -> bytes:
+    """The events but the usage chunk the gateway asked for and the client did not: the client
+    gets what the server would have sent it (once a stream, at its end)."""
+    return b"".join(event for event in split_events(events) if event.find(unasked) < 0)
+
+
 def _relay(exchange: Exchange, response: UpstreamResponse, fast: ClientWriter | None,
-           mark: bytes | None) -> tuple[Callable[[bytes], bytes], Callable[[], int]]:
+           mark: bytes | None, unasked: bytes | None = None
+           ) -> tuple[Callable[[bytes], bytes], Callable[[], int]]:
     """The per-piece step and the watchdog's count of pieces. Every instruction here runs for
     every piece of every stream (lab/results/perf/instructions.md counts them): names bound once,
     no Python call but the framer's, and no clock read (the deadlines compares the count)."""
@@ -126,7 +138,31 @@ def _relay(exchange: Exchange, response: UpstreamResponse, fast: ClientWriter | 
         exchange.bound_transcript()
         return exchange.relayed_pieces() + held
 
-    return relay, progress
+    if unasked is None:
+        return relay, progress
+    hidden = unasked
+
+    def relay_unasked(chunk: bytes) -> bytes:
+        """`relay`, for a stream whose usage chunk the client did not ask for: kept in
+        `recent` (the learner's sample, the access log), not sent. A step of its own, so
+        the other streams pay nothing for it."""
+        nonlocal held
+        events = feed(chunk)
+        if not events:
+            held += 1
+            return events
+        if mark is not None and events.partition(mark)[1]:
+            events = _before_error(exchange, events, response)
+            if not events:
+                return events
+        recent.append(events)
+        if events.partition(hidden)[1]:
+            events = _without(events, hidden)
+        if write is not None and events and write(events):
+            response.pause_reading()
+        return events
+
+    return relay_unasked, progress
 
 
 async def _by_writer(exchange: Exchange, response: UpstreamResponse, writer: ClientWriter,

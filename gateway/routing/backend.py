@@ -89,6 +89,7 @@ class BackendState:
     bad_probes: int = 0
     effective_cap: int | None = None
     accept_length: float | None = None
+    usage_by_default: bool = False  # its streams end with a usage chunk the client did not ask for
     loads: LoadReading | None = None
     missing_endpoints: frozenset[str] = frozenset()  # SGLang's own, answered 404/405
     # --- written by the lease's verdict

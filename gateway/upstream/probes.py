@@ -75,6 +75,7 @@ class Probes:
                 info = await self._get_optional(target.url + engine.SERVER_INFO, headers, budget)
                 self._note(missing, engine.SERVER_INFO, info)
                 backend.record_server_info(*engine.parse_server_info(info))
+                backend.usage_by_default = engine.usage_by_default(info)
             self._note(missing, engine.LOADS, loads)
             if loads is MISSING:  # /v1/models: the probe left
                 await self.upstream.get_json(target.url + engine.MODELS, headers, budget)

@@ -107,6 +107,19 @@ def parse_server_info(info: Any) -> tuple[int | None, float | None]:
             float(accept) if isinstance(accept, int | float) else None)
 
 
+def usage_by_default(info: Any) -> bool:
+    """Whether the server sends a stream's usage chunk unasked (--stream-response-default-include-usage,
+    arg_groups/fields/serving.py:270; /server_info carries every server arg, utils/common.py:3589)."""
+    return isinstance(info, dict) and info.get("stream_response_default_include_usage") is True
+
+
+# The usage chunk of a chat or completions stream: choices empty, usage set (serving_chat.py:2790-2797,
+# serving_completions.py:479-; compact pydantic JSON). Every other chunk has "usage":null.
+USAGE_CHUNK = b'"choices":[],"usage":{'
+# Asked of the server for a stream whose client did not set stream_options (the learner's sample).
+ASK_USAGE = b'"stream_options":{"include_usage":true}'
+
+
 def parse_loads(loads: Any) -> tuple[int, int] | None:
     """(running, waiting) summed over DP ranks from /v1/loads (0.5.23 and 0.5.10 shapes)."""
     if not isinstance(loads, dict) or not isinstance(loads.get("loads"), list):
