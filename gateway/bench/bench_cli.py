@@ -140,7 +140,8 @@ def _method(plans: list[LevelPlan]) -> str:
     return f"steady: {plan.duration_s:g} s per level, window after a {plan.warmup_s:g} s warm-up"
 
 
-def _run_sim(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, list[LevelResult]], dict]:
+def _run_sim(args: argparse.Namespace,
+             levels: list[int]) -> tuple[dict[str, list[LevelResult]], dict[str, Any]]:
     from gateway.bench.targets import caps, run_target_sweep
     from gateway.config import load_settings
     from gateway.sim.profile import load_profiles
@@ -272,7 +273,8 @@ def _accept_drop(text: str | None) -> tuple[float, float] | None:
     return before, after
 
 
-def _run_http(args: argparse.Namespace, levels: list[int]) -> tuple[dict[str, list[LevelResult]], dict]:
+def _run_http(args: argparse.Namespace,
+              levels: list[int]) -> tuple[dict[str, list[LevelResult]], dict[str, Any]]:
     from gateway.bench.loadgen import Target, parse_target, run_http_sweep
 
     targets = [parse_target(s) for s in args.compare] if args.compare else [Target("target", args.url)]

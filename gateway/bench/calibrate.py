@@ -39,11 +39,17 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from gateway.bench.stats import LevelResult
 from gateway.sim.profile import Profile
+
+if TYPE_CHECKING:  # annotations only: estimated_singles imports the sweep when it runs
+    from gateway.bench.levels import LevelPlan
+    from gateway.bench.workloads import Workload
+    from gateway.config import Routing
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,17 @@ def accept_prob_for(accept_length: float, num_steps: int) -> float:
     return round((lo + hi) / 2, 4)
 
 
+class _FittedFields(TypedDict, total=False):
+    """What fit_profile replaces in the base profile."""
+
+    accept_prob: float
+    accept_prob_repetitive: float
+    num_steps: int
+    step_ms: tuple[tuple[int, float], ...]
+    max_running_requests: int
+    mamba_slots: int | None
+
+
 def fit_profile(base: Profile, results: Sequence[LevelResult], cap: int | None,
                 accept_length: float | None = None, num_steps: int | None = None,
                 greedy_repetitive: bool = True) -> Profile:
@@ -210,11 +227,12 @@ def fit_profile(base: Profile, results: Sequence[LevelResult], cap: int | None,
     """
     steps = num_steps or base.num_steps
     tokens_per_step = 1.0
-    fields: dict[str, object] = {}
+    fields: _FittedFields = {}
     if base.speculative:
         tokens_per_step = accept_length or (1.0 + base.accept_prob_repetitive * steps)
         if accept_length:
-            key = "accept_prob_repetitive" if greedy_repetitive else "accept_prob"
+            key: Literal["accept_prob_repetitive", "accept_prob"] = (
+                "accept_prob_repetitive" if greedy_repetitive else "accept_prob")
             fields[key] = accept_prob_for(accept_length, steps)
         fields["num_steps"] = steps
     table: dict[int, float] = {}
@@ -267,8 +285,9 @@ def fitted_pair(base: Mapping[str, Profile], results: Mapping[str, Sequence[Leve
             for name in ("mtp", "plain")}
 
 
-def estimated_singles(fitted: Mapping[str, Profile], hardware: str, workload_factory,
-                      plans, routing) -> dict[str, list[LevelResult]]:
+def estimated_singles(fitted: Mapping[str, Profile], hardware: str,
+                      workload_factory: Callable[[], Workload], plans: Sequence[LevelPlan],
+                      routing: Routing) -> dict[str, list[LevelResult]]:
     """One server owning the GPUs, in virtual time: the pair's measured step times with the
     memory such a server would have (gateway.sim.memory on ``hardware``). Its steps above the
     pair's running caps were never measured: they follow the last measured segment. The

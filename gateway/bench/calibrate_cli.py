@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from gateway.bench.calibrate import (
 from gateway.bench.levels import parse_levels, plan_levels
 from gateway.bench.loadgen import Target, _join, run_http_sweep
 from gateway.bench.progress import Progress
+from gateway.bench.stats import LevelResult
 from gateway.bench.workloads import make_workload
 from gateway.sim.memory import HARDWARE
 from gateway.sim.speed import add_speed_argument
@@ -195,7 +197,7 @@ async def calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _measured_singles(specs: list[str]) -> dict[str, list]:
+def _measured_singles(specs: list[str]) -> dict[str, list[LevelResult]]:
     """``NAME=JSON`` files of `bench --url` runs: each file's first target, named NAME."""
     from gateway.bench.headline import load
 
@@ -211,7 +213,8 @@ def _measured_singles(specs: list[str]) -> dict[str, list]:
     return singles
 
 
-def _print_verdict(results: dict, singles: dict, hardware: str | None, measured: bool) -> list:
+def _print_verdict(results: Mapping[str, Sequence[LevelResult]], singles: Mapping[str, Sequence[LevelResult]],
+                   hardware: str | None, measured: bool) -> list[dict[str, Any]]:
     """The pair (its better server at each level) against single servers owning the GPUs."""
     if not singles:
         print("\nagainst one server owning the GPUs: pass --hardware (an estimate) or --single "

@@ -23,6 +23,7 @@ import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,7 @@ def run_fleet_level(workload: Workload, plan: LevelPlan, routing: Routing,
     sim.at(0.0, read_accept_length)
     if setup.loads_interval_s is not None:
         for r, pool in enumerate(pools):  # independent processes: polls spread over the interval
-            sim.at(setup.loads_interval_s * r / len(pools), lambda pool=pool: read_loads(pool))
+            sim.at(setup.loads_interval_s * r / len(pools), partial(read_loads, pool))
     for slot in range(plan.concurrency):
         sim.at(ramp_s * slot / plan.concurrency, next_script)
     sim.run_until_idle()
@@ -272,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_workload: dict[str, dict[str, list[LevelResult]]] = {}
     for workload in workloads:
         per_workload[workload] = run_fleet_sweep(
-            lambda w=workload: make_workload(w), plans, routing, profiles, setups,
+            partial(make_workload, workload), plans, routing, profiles, setups,
             ramp_s=args.ramp, progress=lambda name, c: print(f"{name} C={c}", file=sys.stderr))
         text = markdown(per_workload[workload], workload, command)
         if args.markdown:

@@ -15,6 +15,7 @@ import itertools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from gateway.bench.stats import RequestRecord
 from gateway.bench.workloads import WORD_ID_BASE, Job, Outcome, Script, Send, Think
@@ -143,5 +144,5 @@ def drive_script(sim: VirtualSim, script: Script, send: Callable[[Job, Callable[
             drive_script(sim, script, send, finished, [o for o in outcomes if o is not None])
 
     for i, job in enumerate(action.jobs):
-        send(job, lambda outcome, i=i: done(i, outcome))
+        send(job, partial(done, i))
 

@@ -19,9 +19,14 @@ from gateway.bench.stats import LevelResult
 
 def load(path: str | Path) -> tuple[dict[str, Any], dict[str, list[LevelResult]]]:
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    results = {t: [LevelResult(**{k: (float("nan") if v is None else v) for k, v in r.items()})
-                   for r in rows] for t, rows in data["results"].items()}
+    results = {t: [_level(r) for r in rows] for t, rows in data["results"].items()}
     return data["meta"], results
+
+
+def _level(row: dict[str, Any]) -> LevelResult:
+    # A null in the JSON is a NaN figure (JSON has none); the keys are LevelResult's fields.
+    fields: dict[str, Any] = {k: (float("nan") if v is None else v) for k, v in row.items()}
+    return LevelResult(**fields)
 
 
 TIE = 0.02  # within 2 % either way: a tie (the same server, or noise of the window)

@@ -111,7 +111,8 @@ def summarise(target: str, concurrency: int, records: Sequence[RequestRecord],
     ttfts = [t for r in ok if (t := r.ttft) is not None]
     e2es = [r.e2e for r in ok if r.e2e is not None]
     gaps = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:], strict=False)]
-    tokens = tokens_ok = sum(r.tokens for r in ok)
+    tokens_ok = sum(r.tokens for r in ok)
+    tokens: float = tokens_ok  # the window's count is a float: chunk tokens are estimated
     if window is not None:
         tokens, wall_s = in_window, window[1] - window[0]
     backends = Counter(r.backend or "?" for r in ok)

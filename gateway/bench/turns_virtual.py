@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 from gateway.bench.flights import Flight, Flights, drive_script
@@ -148,7 +149,7 @@ class _Clients:
     def begin(self) -> None:
         if self.plan is not None:
             for slot in range(self.plan.concurrency):
-                self.sim.at(0.0, lambda slot=slot: self._next(slot))
+                self.sim.at(0.0, partial(self._next, slot))
             return
         for t0, _ in self.windows:
             self.sim.at(t0, self._fill)

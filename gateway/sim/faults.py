@@ -58,6 +58,8 @@ class Faults:
         if unknown:
             raise ValueError(f"unknown fault fields: {sorted(unknown)}")
         for field in dataclasses.fields(cls):
+            # A string, never a type: this module has `from __future__ import annotations`.
+            assert isinstance(field.type, str)
             if field.name in raw and not _has_type(raw[field.name], field.type):
                 raise ValueError(f"{field.name} must be {field.type}")
         faults = cls(**raw)

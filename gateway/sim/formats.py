@@ -172,7 +172,20 @@ def _chunk_head(job: Job, object_name: str) -> str:
             f'"created":{job.created},"model":{json.dumps(job.model)},"choices":')
 
 
-class ChatRenderer(Renderer):
+class ChoicesRenderer(Renderer):
+    """A renderer of an API that takes ``n > 1`` (chat, completions): with several choices the
+    caller finishes each and sends the usage itself, after the outputs of them all."""
+
+    finish_after_all: bool  # each choice's finish waits for the last output of every choice
+
+    def finish(self, engine_reason: str) -> list[bytes]:
+        raise NotImplementedError
+
+    def usage(self, prompt: int, completion: int, reasoning: int) -> bytes:
+        raise NotImplementedError
+
+
+class ChatRenderer(ChoicesRenderer):
     """``/v1/chat/completions`` chunks: role, content (several tokens per MTP chunk), finish, usage."""
 
     def __init__(self, job: Job) -> None:
@@ -236,7 +249,7 @@ class ChatRenderer(Renderer):
         return [streaming_error_event(status, message)] + self._usage_and_done()
 
 
-class CompletionRenderer(Renderer):
+class CompletionRenderer(ChoicesRenderer):
     """``/v1/completions`` chunks: text chunks, the finish reason in the last one, usage."""
 
     def __init__(self, job: Job) -> None:
@@ -602,6 +615,7 @@ def responses_final_body(job: Job, generated: int, engine_reason: str) -> dict[s
     renderer.begun = True
     renderer.output(Output(job.rid, generated))
     renderer.end(engine_reason)
+    assert renderer.final is not None  # end() always sets it
     return renderer.final
 
 

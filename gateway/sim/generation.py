@@ -225,8 +225,8 @@ class Generation:
         after the last output, all with the id of the choice that finished last, then the usage
         (the prompt counted once) with that id too, then [DONE]."""
         merged: asyncio.Queue[tuple[int, Output]] = asyncio.Queue()
+        renderers = [choices_renderer(api.renderer(one)) for one in jobs]
         pumps = [asyncio.create_task(pump(i, queue, merged)) for i, queue in enumerate(queues)]
-        renderers = [api.renderer(one) for one in jobs]
         reasons: dict[int, str] = {}
         last = 0
         finished = False
@@ -245,7 +245,8 @@ class Generation:
                     yield event
             for i, renderer in enumerate(renderers):
                 if renderer.finish_after_all:
-                    named_last = api.renderer(dataclasses.replace(jobs[i], rid=jobs[last].rid))
+                    named = dataclasses.replace(jobs[i], rid=jobs[last].rid)
+                    named_last = choices_renderer(api.renderer(named))
                     for event in named_last.finish(reasons[i]):
                         yield event
             if jobs[0].include_usage:
@@ -443,6 +444,12 @@ def samples_of(job: formats.Job) -> list[formats.Job]:
     return [dataclasses.replace(job, rid=formats.new_rid(), plan=plan, index=i, samples=(),
                                 tool_id=formats.new_tool_call_id() if job.tool_name else "")
             for i, plan in enumerate(job.samples)]  # fmt: skip
+
+
+def choices_renderer(renderer: formats.Renderer) -> formats.ChoicesRenderer:
+    # Only chat and completions take `n > 1` (parsing.py's choices_of), and theirs finish choices.
+    assert isinstance(renderer, formats.ChoicesRenderer)
+    return renderer
 
 
 async def pump(index: int, queue: asyncio.Queue[Output], merged: asyncio.Queue[tuple[int, Output]]) -> None:

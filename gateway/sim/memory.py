@@ -32,7 +32,13 @@ gateway.sim.memory``; a test keeps the two equal).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # Only for annotations: gateway.sim.profile imports this module at run time.
+    from gateway.sim.profile import Profile
 
 GIB = float(1 << 30)
 GB = 1e9
@@ -437,7 +443,7 @@ def size_server_weights_gib(role: str, hardware: Hardware, weights: str = PAIR_W
     return total / hardware.gpus / GIB
 
 
-def with_sizing(profile, sizing: Sizing):
+def with_sizing(profile: Profile, sizing: Sizing) -> Profile:
     """A simulator profile with the caps and cache a memory sizing gives it."""
     return replace(profile, mamba_slots=sizing.mamba_slots, mamba_slots_per_request=MAMBA_SLOTS_PER_REQUEST,
                    max_running_requests=sizing.resolved_max_running,
@@ -489,7 +495,8 @@ def sizing_table(hardware_names: tuple[str, ...] = ("rtx-pro-6000", "h200")) -> 
     return "\n".join(lines)
 
 
-def _turns_rows(hws: list[Hardware], turns: list[TurnsSizing], row) -> list[str]:
+def _turns_rows(hws: list[Hardware], turns: list[TurnsSizing],
+                row: Callable[[str, list[str]], str]) -> list[str]:
     first = turns[0].first
     second = "mtp" if first == "plain" else "plain"
     name = {"mtp": "MTP", "plain": "plain"}

@@ -154,7 +154,8 @@ def anthropic_thinking(thinking: Any) -> bool:
         return False
     if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "disabled", "adaptive"):
         raise ValueError("thinking: type must be one of 'enabled', 'disabled', 'adaptive'")
-    return thinking["type"] != "disabled"
+    kind: str = thinking["type"]  # one of the three strings just checked
+    return kind != "disabled"
 
 
 class ToolChoiceError(ValueError):

@@ -23,11 +23,13 @@ import dataclasses
 import functools
 import random
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol, cast
 
 import uvicorn
+from uvicorn.server import ServerState
 
 from gateway.sim import memory as sizing
 from gateway.sim.app import ServerIdentity, SimApp
@@ -115,8 +117,16 @@ class _Server(uvicorn.Server):
     """uvicorn without signal handling: two of them share a loop owned by someone else."""
 
     @contextlib.contextmanager
-    def capture_signals(self):  # type: ignore[override]
+    def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class _HttpProtocolClass(Protocol):
+    """How uvicorn builds its HTTP protocols (``Server.startup``'s create_protocol): every one
+    takes these, though ``Config.http_protocol_class`` is typed only ``type[asyncio.Protocol]``."""
+
+    def __call__(self, *, config: uvicorn.Config, server_state: ServerState,
+                 app_state: dict[str, Any]) -> asyncio.Protocol: ...
 
 
 class SimServer:
@@ -195,7 +205,7 @@ class SimServer:
             return  # a dead process does not come back
         config = self._uvicorn.config
         protocol = functools.partial(
-            config.http_protocol_class, config=config,
+            cast(_HttpProtocolClass, config.http_protocol_class), config=config,
             server_state=self._uvicorn.server_state, app_state=self._uvicorn.lifespan.state,
         )  # fmt: skip
         listener = await asyncio.get_running_loop().create_server(
@@ -208,7 +218,7 @@ class SimServer:
         for listener in self._uvicorn.servers:
             listener.close()
         for connection in list(self._uvicorn.server_state.connections):
-            connection.transport.close()  # type: ignore[attr-defined]
+            connection.transport.close()
         self.live.abort(abort_all=True)
 
 

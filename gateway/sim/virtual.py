@@ -34,6 +34,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from gateway.sim.engine import Engine, Output, Request, Step
 from gateway.sim.profile import Profile
@@ -278,7 +279,7 @@ def run_seed_benchmark(
 
     for backend, clients in concurrency.items():
         for _ in range(clients):
-            sim.at(0.0, lambda b=backend: send(b, rounds))
+            sim.at(0.0, partial(send, backend, rounds))
     sim.run_until_idle()
     return {
         backend: _summarise(backend, concurrency[backend], timings[backend], sim, output_len)

@@ -40,7 +40,8 @@ class _Exchange:
                  "_client_gone")
 
     def __init__(self, conn: LeanProtocol, body: bytes) -> None:
-        self.conn, self.body = conn, body
+        self.conn = conn
+        self.body: bytes | None = body  # None once receive() has handed it over
         self.started = self.chunked = self.complete = self.disconnected = False
         self._gone: asyncio.Future[None] | None = None
         self._client_gone: Callable[[], None] | None = None

@@ -313,7 +313,7 @@ class Harness:
             import sglang_router  # noqa: F401
         except ImportError as exc:
             return f"sglang_router is not installed ({exc}): pip install -e '.[test]'"
-        reason = "no attempt"
+        reason: str | None = "no attempt"
         for attempt in range(3):  # it refuses --port 0: a port free a moment ago, retried if taken
             port, metrics_port = _free_port(), _free_port()
             log_path = self.workdir / f"router-{attempt}.log"
@@ -368,9 +368,10 @@ class Harness:
             self.floors[name] = (process, port)
 
     def _wait_port(self, port: int, timeout_s: float) -> None:
+        # Before the loop, not in it: the message after it reads the exit status too.
+        assert self.gateway is not None  # started just before
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            assert self.gateway is not None
             if self.gateway.poll() is not None:
                 break
             try:
@@ -595,7 +596,8 @@ def _profile(args: argparse.Namespace, h: Harness, tag: str,
 def _spread_s(args: argparse.Namespace, length: int) -> float:
     if args.start_spread_ms is not None:
         return float(args.start_spread_ms) / 1000
-    return (args.ttft_ms + (length - 1) * args.itl_ms) / 1000
+    spread_s: float = (args.ttft_ms + (length - 1) * args.itl_ms) / 1000  # argparse gave floats
+    return spread_s
 
 
 def measures_bodies(args: argparse.Namespace) -> bool:
