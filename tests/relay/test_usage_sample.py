@@ -96,3 +96,36 @@ async def test_a_client_that_asked_for_usage_still_gets_it(sim) -> None:
         relayed = await client.post(gateway.url + "/v1/chat/completions", json=body)
         assert shape(relayed.content) == shape(direct.content)
         assert shape(relayed.content)[-2][2]["completion_tokens"] == 8
+
+
+CONTENT = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+           b'"delta":{"reasoning_content":null,"content":"hi"},"logprobs":null,"finish_reason":null,'
+           b'"matched_stop":null}]}\n\n')
+TOOL_ARGS = b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"function":{"arguments":"{}}"}}]}}]}\n\n'
+USAGE = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
+         b'"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}\n\n')
+DONE = b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("pieces", [
+    [CONTENT, CONTENT, USAGE, DONE],  # each event a piece of its own, as SGLang sends them
+    [CONTENT, CONTENT + USAGE + DONE],  # read together
+    [CONTENT, CONTENT + USAGE, DONE],
+    [CONTENT + CONTENT[:40], CONTENT[40:] + USAGE[:9], USAGE[9:] + DONE],  # cut anywhere
+    [TOOL_ARGS, CONTENT, USAGE, DONE],
+])
+def test_the_unasked_usage_chunk_is_kept_for_the_gateway_and_never_written(pieces) -> None:
+    from types import SimpleNamespace
+
+    from gateway.apis.sse import EventFramer
+    from gateway.relay.pump import _relay
+    from gateway.upstream.engine.sglang import USAGE_CHUNK
+
+    written: list[bytes] = []
+    exchange = SimpleNamespace(framer=EventFramer(), recent=[])
+    writer = SimpleNamespace(write=lambda data: written.append(data) and False)
+    relay, _ = _relay(exchange, None, writer, None, USAGE_CHUNK)  # type: ignore[arg-type]
+    for piece in pieces:
+        relay(piece)
+    assert b"".join(written) == b"".join(pieces).replace(USAGE, b"")
+    assert b"".join(exchange.recent) == b"".join(pieces)  # the usage is the gateway's to read
