@@ -82,8 +82,8 @@ def test_a_bad_pair_is_named(data: dict, words: str) -> None:
 def test_the_documented_pairs_examples_load() -> None:
     import yaml
 
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = readme.split("### Several pairs, several gateways")[1].split("```yaml\n")[1]
+    deploy = (ROOT / "docs" / "deploy.md").read_text(encoding="utf-8")
+    block = deploy.split("## Several pairs, several gateways")[1].split("```yaml\n")[1]
     settings = build_settings(yaml.safe_load(block.split("```")[0]))
     assert [p.name for p in settings.fleet()] == ["node-a", "node-b"]
     commented = (ROOT / "config.yaml").read_text(encoding="utf-8").split("# pairs:\n")[1]
