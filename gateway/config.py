@@ -23,7 +23,7 @@ Role = Literal["mtp", "plain"]  # a server's role in its pair
 ROLES: tuple[Role, ...] = ("mtp", "plain")
 PolicyName = Literal["crossover", "mtp-only", "plain-only"]
 # split: each server keeps its share of the GPUs' memory; turns: the two take turns owning
-# all of it (SGLang's memory saver, gateway/turns, DESIGN.md §9).
+# all of it (SGLang's memory saver, gateway/turns, docs/architecture.md "A turn's path").
 MemoryShape = Literal["split", "turns"]
 
 

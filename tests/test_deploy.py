@@ -10,7 +10,7 @@
   gateway/sim/memory.py generates;
 - the Dockerfile and .dockerignore;
 - the Grafana provisioning and dashboard, and that every metric a panel queries is one the
-  gateway (documented contract below) or SGLang (research/sglang.md section 3) exports.
+  gateway (documented contract below) or SGLang (its observability/metrics_collector.py) exports.
 
 `dashboard_metric_names(path)` is also meant for a live-scrape test.
 """
@@ -43,8 +43,8 @@ SGLANG_ENTRYPOINT = ["python3", "-m", "sglang.launch_server"]
 GATEWAY_CONFIG_TARGET = "/etc/mtp-gateway/config.yaml"
 
 # ---------------------------------------------------------------------------------------------
-# The gateway's metrics contract (gateway/metrics.py; DESIGN.md section 7). Counter names carry
-# the `_total` prometheus_client adds; histograms are listed by base name.
+# The gateway's metrics contract (gateway/metrics.py; docs/architecture.md, "Metrics"). Counter
+# names carry the `_total` prometheus_client adds; histograms are listed by base name.
 GATEWAY_COUNTERS = {
     "gateway_requests_total",  # {backend, reason}: routing decisions
     "gateway_responses_total",  # {backend, code}
@@ -71,8 +71,8 @@ GATEWAY_GAUGES = {
 GATEWAY_HISTOGRAMS = {"gateway_ttft_seconds", "gateway_e2e_seconds", "gateway_overhead_seconds"}
 ROUTING_REASONS = set(REASONS) - {"no_backend"}  # every reason a served request can carry
 
-# SGLang's exported metrics (shared/research/sglang.md section 3, read from
-# python/sglang/srt/observability/metrics_collector.py of 0.5.10 and 0.5.23).
+# SGLang's exported metrics (`sglang:` + the name), read from
+# sglang/srt/observability/metrics_collector.py in the 0.5.10 and 0.5.23 wheels.
 SGLANG_GAUGES = {
     "num_running_reqs", "num_queue_reqs", "num_grammar_queue_reqs", "num_used_tokens",
     "token_usage", "full_token_usage", "swa_token_usage", "mamba_usage", "gen_throughput",

@@ -11,8 +11,9 @@ families, one module each:
 - tokenize.py: /tokenize, /detokenize, count_tokens, the embedding/classify 400s;
 - auth.py: --api-key / --admin-api-key; replies.py: JSON and each API's error envelope.
 
-Routes, JSON shapes, SSE bytes, error envelopes and disconnect behaviour follow
-``research/sglang.md`` sections 2-5; the engine behind it is a :class:`LiveEngine`.
+Routes, JSON shapes, SSE bytes, error envelopes and disconnect behaviour follow SGLang 0.5.23
+(``docs/compat.md``: row by row, with its source lines); the engine behind it is a
+:class:`LiveEngine`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where a simulated server's capacities come from: GPU memory, weights, and SGLang's sizing.
 
-SGLang 0.5.23 sizes one server like this (file:line in the 0.5.23 wheel, /work/sglang-src):
+SGLang 0.5.23 sizes one server like this (file:line under sglang/srt/ in the 0.5.23 wheel):
 
 1. Just before loading weights it measures the **free** GPU memory ``F`` (per GPU;
    ``distributed/bootstrap.py:193`` ``measure_pre_model_load_memory``).

@@ -1,4 +1,4 @@
-"""A pair whose two servers take turns owning the GPUs' memory (DESIGN.md §9).
+"""A pair whose two servers take turns owning the GPUs' memory (docs/turns.md).
 
 - `state`: the pair's memory state, a pure state machine (who holds the memory, each step of
   a turn in progress, what a failure leaves, how a restart settles);

@@ -127,7 +127,7 @@ def _with(state: PairMemory, role: Role, memory: Memory) -> tuple[tuple[Role, Me
 # --- a turn ----------------------------------------------------------------------------------
 
 def turn_plan(source: Role, target: Role) -> tuple[Step, ...]:
-    """A turn in order (DESIGN.md §9). The streams go to the target while it is paused: SGLang
+    """A turn in order (docs/turns.md). The streams go to the target while it is paused: SGLang
     holds new requests in its tokenizer until /continue_generation (tokenizer_manager.py:938-939)."""
     steps = [Step("stop_admitting", source), Step("move_unstarted", source),
              Step("running_streams", source), Step("pause", source), Step("release", source),

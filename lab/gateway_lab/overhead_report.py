@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The checkout this harness runs from: profiled frames of its files are shown relative to it.
+_CHECKOUT = str(Path(__file__).resolve().parents[2]) + "/"
+
 # Throughput "as many chunks/s as the load generator offers direct": within this share of direct
 # (issue 21). A closed loop converts added latency into lower throughput: a 16-token stream lasts
 # ~170 ms, so +1.7 ms of TTFT alone costs 1 %.
@@ -461,7 +464,7 @@ def _frame_key(frame: str) -> str:
     name, _, where = frame.partition(" (")
     where = where.rstrip(")")
     file = where.rsplit(":", 1)[0] if ":" in where else where
-    for marker in ("site-packages/", "lib/python3.11/", "/work/main/"):
+    for marker in ("site-packages/", "lib/python3.11/", _CHECKOUT):
         if marker in file:
             file = file.split(marker, 1)[1]
             break

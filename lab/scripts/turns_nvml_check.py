@@ -1,7 +1,7 @@
 """On a real GPU: does the gateway's NVML check (gateway/turns/nvml.py, used by the turns driver's
 check_memory step) see the memory a server pauses come back, and how soon after the pause returns?
 
-Two processes stand in for the two servers, as ../shared/research/memswap_probe.py does: each maps
+Two processes stand in for the two servers, as in docs/turns.md ("What a turn costs"): each maps
 W GB of "weights" (host copy kept, as --enable-weights-cpu-backup with TMS_RETAIN_CPU_BACKUP=1) and
 K GB of "KV cache" in torch_memory_saver regions. The parent reads free_fractions() (the gateway's
 own function) while A holds the memory, right after A's pause returns (polled every 5 ms until the

@@ -21,7 +21,7 @@ def within(value: float, target: float, tolerance: float = 0.10) -> bool:
     return abs(value - target) <= tolerance * target
 
 
-# --- calibration against the seed (DESIGN section 5) -------------------------------------
+# --- calibration against the seed (docs/results.md, "The seed workload") -----------------
 
 
 @pytest.mark.parametrize(
