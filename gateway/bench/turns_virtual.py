@@ -1,6 +1,9 @@
 """Virtual time for a pair whose servers take turns owning the GPUs' memory, and for loads that
 change within one run (``--schedule``).
 
+One module of ~430 lines on purpose: the turns pair's virtual time and its schedules share one
+clock, one pool and one turn-cost model; split, each would reach into the others' state.
+
 **The turns pair.** Both servers are sized for the whole GPU less what the parked one still
 holds (:func:`gateway.bench.targets.turns_profiles`). Only the holder steps; the other is
 parked (:meth:`gateway.sim.virtual.VirtualSim.park`). The real :class:`gateway.routing.pool.Pool`

@@ -1,5 +1,8 @@
 """The engine model of one SGLang server, independent of HTTP and of any clock.
 
+One module of ~450 lines on purpose: one step's decision reads the waiting queue, the running
+batch, the prefix cache and the memory together; they have one owner here.
+
 A driver (virtual time in :mod:`gateway.sim.virtual`, real time in :mod:`gateway.sim.live`)
 repeatedly calls :meth:`Engine.begin_step`, waits ``step.duration_s`` on its clock (and on the
 shared device), then calls :meth:`Engine.finish_step` and delivers the returned outputs.

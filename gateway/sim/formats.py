@@ -1,5 +1,8 @@
 """Wire formats: SGLang 0.5.23's OpenAI chunks, Anthropic Messages and OpenAI Responses events.
 
+One module of ~700 lines on purpose: the three APIs' renderers are built from one set of
+pre-built byte pieces and one error shape per API, and docs/compat.md quotes them side by side.
+
 A renderer turns engine outputs into SSE events (bytes). Chunk bytes are assembled from
 pre-built pieces, because 128 streams share two cores with the gateway and the load generator;
 the text pieces are ASCII words (see text.WORDS), so they go into JSON strings unescaped.

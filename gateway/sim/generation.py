@@ -1,6 +1,10 @@
 """The generation endpoints of a simulated server (chat, completions, Messages, Responses,
 /generate): parse, submit to the engine, answer as each API does, stream or not, with the
-faults in force and the client's disconnect noticed when SGLang would notice it."""
+faults in force and the client's disconnect noticed when SGLang would notice it.
+
+One module of ~470 lines on purpose: every generation endpoint shares one submit path, one
+way of noticing the client leave and one set of faults; split, each would repeat them.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Where a simulated server's capacities come from: GPU memory, weights, and SGLang's sizing.
 
+One module of ~600 lines on purpose: SGLang's sizing, quoted line by line, and the deploy
+sizing tables computed from it (`python -m gateway.sim.memory`), which must not drift apart.
+
 SGLang 0.5.23 sizes one server like this (file:line under sglang/srt/ in the 0.5.23 wheel):
 
 1. Just before loading weights it measures the **free** GPU memory ``F`` (per GPU;

@@ -1,5 +1,8 @@
 """SGLang 0.5.23's memory saver in one simulated server: pause, release, resume, continue.
 
+One module of ~450 lines on purpose: one state machine (pause, release, resume, continue) and
+its hard failures, each next to the SGLang line it follows.
+
 What the source does (file:line under sglang/srt/, the 0.5.23 wheel; docs/compat.md has a row
 and a test for each):
 
