@@ -7,12 +7,20 @@
         # with --memory turns, the tuned single MTP servers)
     mtp-gateway bench --sim --memory turns --schedule 4:600,64:600,16:600,128:600,2:600
     mtp-gateway bench --sim --target pair-turns --turn-cost 0.5,1.5,5,15
+
+Open loop (arrivals on a clock, latency from each request's scheduled arrival; docs/workloads.md):
+
+    mtp-gateway bench --sim --workload chat --request-rate 2,4,8 --duration 120
+    mtp-gateway bench --url http://127.0.0.1:8000 --workload agentic --session-rate 0.2 --requests 50
+    mtp-gateway bench --sim --trace mooncake_trace.jsonl --trace-time-scale 2
+    mtp-gateway bench --url http://127.0.0.1:30002 --trace conversations.json --session-rate 1
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -21,17 +29,22 @@ from typing import Any
 import yaml
 
 from gateway.bench import report
+from gateway.bench.arrivals import DEFAULT_MAX_IN_FLIGHT, OpenLoop, arrival_times, poisson_label
 from gateway.bench.levels import DEFAULT_LEVELS, LevelPlan, parse_levels, plan_levels
 from gateway.bench.progress import Progress
-from gateway.bench.stats import LevelResult
+from gateway.bench.stats import LevelResult, OpenLoopResult
 from gateway.bench.targets import ALL_TARGETS, DEFAULT_MEMORY, POLICY_TARGETS, default_targets
-from gateway.bench.workloads import WORKLOADS, make_workload
+from gateway.bench.traces import FORMATS
+from gateway.bench.workloads import WORKLOADS, Outcome, Send, Workload, make_workload
 from gateway.config import ConfigError, Routing, build_routing
 from gateway.sim.memory import DEFAULT_HARDWARE, HARDWARE
 from gateway.sim.speed import add_speed_argument
 
 SIM_DURATION_S = 150.0
 SIM_WARMUP_S = 50.0
+# Open loop with a rate and no bound: bench_serving's --num-prompts default (sglang 0.5.23
+# wheel: sglang/benchmark/serving.py:2394-2397).
+OPEN_DEFAULT_ARRIVALS = 1000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="virtual time: the real router over the simulator, no HTTP")
     parser.add_argument("--concurrency", default=",".join(map(str, DEFAULT_LEVELS)),
                         help="levels, comma-separated (default %(default)s)")
-    parser.add_argument("--workload", default="seed",
-                        help=f"{' | '.join(WORKLOADS)} | file:PATH.jsonl (default %(default)s)")
+    parser.add_argument("--workload", default=None,
+                        help=f"{' | '.join(WORKLOADS)} | file:PATH.jsonl (default seed)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--requests-per-level", type=int, metavar="N",
                       help="makespan method: N requests per level (default over HTTP: 3 per client)")
@@ -65,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="PATH", help="write a PNG plot (needs matplotlib)")
     add_speed_argument(parser, reported=True)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_open_loop_arguments(parser)
     sim = parser.add_argument_group("--sim options")
     sim.add_argument("--target", action="append", choices=ALL_TARGETS,
                      help="targets to run (repeatable; default: the pair in the --memory shape, "
@@ -103,11 +117,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="give each simulated backend its own GPU (default: one shared device)")
 
 
+def add_open_loop_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "open loop (instead of closed-loop levels: requests arrive on a clock, whatever the "
+        "server does; latency counts from each request's scheduled arrival)")
+    rate = group.add_mutually_exclusive_group()
+    rate.add_argument("--request-rate", metavar="R[,R...]",
+                      help="requests per second, Poisson (see --burstiness); inf = all at once; "
+                           "several: one run each. Each arrival is one request (workloads whose "
+                           "scripts are sessions take --session-rate)")
+    rate.add_argument("--session-rate", metavar="R[,R...]",
+                      help="sessions per second: each arrival starts one workload script (e.g. an "
+                           "agentic session, or an agentic trace's conversation), closed-loop inside")
+    group.add_argument("--burstiness", type=float, default=1.0, metavar="B",
+                       help="arrival intervals are gamma of shape B and mean 1/R: 1 = Poisson "
+                            "(default), < 1 burstier, > 1 more regular (vLLM's --burstiness)")
+    group.add_argument("--requests", type=int, metavar="N",
+                       help=f"open loop: the first N arrivals (default {OPEN_DEFAULT_ARRIVALS} with a "
+                            "rate and no --duration, as bench_serving's --num-prompts; a trace: all); "
+                            "with --duration the arrivals before S seconds")
+    group.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT, metavar="N",
+                       help="at most N arrivals (requests, or sessions) alive at once; later ones "
+                            "wait at the client, in order, and that wait counts in their latency "
+                            "(default %(default)s)")
+    group.add_argument("--trace", metavar="PATH",
+                       help="replay a trace (instead of --workload): Mooncake's JSON lines at their "
+                            "timestamps, SGLang's agentic trace (conversations, round by round), or "
+                            "recorded requests (file:PATH's format, with an optional timestamp)")
+    group.add_argument("--trace-format", choices=FORMATS, help="the trace's format (default: detected)")
+    group.add_argument("--trace-time-scale", type=float, default=1.0, metavar="S",
+                       help="a timed trace's intervals times S: 2 = twice as slow (SGLang's "
+                            "--mooncake-slowdown-factor; default 1)")
+    group.add_argument("--trace-rate-scale", type=float, default=1.0, metavar="R",
+                       help="a timed trace's arrival rate times R: its intervals divided by R "
+                            "(default 1)")
+
+
+def _open_loop(args: argparse.Namespace) -> bool:
+    return bool(args.request_rate or args.session_rate or args.trace)
+
+
 def run(args: argparse.Namespace) -> int:
     chosen = sum(bool(x) for x in (args.url, args.compare, args.sim))
     if chosen != 1:
         print("mtp-gateway bench: give exactly one of --url, --compare, --sim", file=sys.stderr)
         return 2
+    if _open_loop(args):
+        return _run_open(args)
+    if args.workload is None:
+        args.workload = "seed"
     try:
         levels = parse_levels(args.concurrency)
         make_workload(args.workload, args.seed, args.max_tokens)  # validate early
@@ -321,3 +379,200 @@ def _output(args: argparse.Namespace, results: dict[str, list[LevelResult]], met
         else:
             print("plot skipped: matplotlib is not installed (pip install 'mtp-gateway[plot]')",
                   file=sys.stderr)
+
+
+# --- open loop ----------------------------------------------------------------------------------
+
+def _run_open(args: argparse.Namespace) -> int:
+    try:
+        workload, runs, meta = _open_setup(args)
+        if args.sim:
+            results, more = _run_open_sim(args, workload, runs, meta["workload"])
+        else:
+            results, more = _run_open_http(args, workload, runs)
+    except (ValueError, OSError) as exc:
+        print(f"mtp-gateway bench: {exc}", file=sys.stderr)
+        return 2
+    _output_open(args, results, {**meta, **more})
+    return 0
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ValueError(f"a rate takes numbers per second separated by commas, got {text!r}") from exc
+    if not rates or any(not r > 0 for r in rates):
+        raise ValueError("a rate must be > 0 (inf: all at once)")
+    return rates
+
+
+def _single_requests(workload: Workload) -> bool:
+    """Script 0 is one Send of one request and nothing after it (so one arrival = one request)."""
+    script = workload.script(0)
+    try:
+        action = next(script)
+        if not isinstance(action, Send) or len(action.jobs) != 1:
+            return False
+        script.send([Outcome(1)])
+    except StopIteration:
+        return True
+    finally:
+        script.close()
+    return False
+
+
+def _open_setup(args: argparse.Namespace) -> tuple[Workload, list[OpenLoop], dict[str, Any]]:
+    """The workload (or trace) and its open-loop runs: one per rate, or the trace's times."""
+    from gateway.bench.traces import load_trace
+
+    refused = [flag for flag, given in (
+        ("--concurrency", args.concurrency != ",".join(map(str, DEFAULT_LEVELS))),
+        ("--requests-per-level", args.requests_per_level is not None), ("--makespan", args.makespan),
+        ("--warmup", args.warmup is not None), ("--schedule", args.schedule),
+        ("--accept-drop", args.accept_drop), ("--carry-learning", args.carry_learning)) if given]
+    if refused:
+        raise ValueError(f"{', '.join(refused)}: closed-loop options, not for an open loop "
+                         "(--request-rate, --session-rate, --trace)")
+    if args.requests is not None and args.requests < 1:
+        raise ValueError("--requests must be >= 1")
+    if args.duration is not None and not args.duration > 0:
+        raise ValueError("--duration must be > 0")
+    rate_text = args.request_rate or args.session_rate
+    rates = _rates(rate_text) if rate_text else None
+    scaled = args.trace_time_scale != 1.0 or args.trace_rate_scale != 1.0
+    workload: Workload
+    if args.trace:
+        if args.workload is not None:
+            raise ValueError("--trace replaces --workload: give one of them")
+        trace = load_trace(args.trace, args.trace_format, time_scale=args.trace_time_scale,
+                           rate_scale=args.trace_rate_scale, seed=args.seed, max_tokens=args.max_tokens)
+        workload, unit, name = trace, trace.unit, f"{trace.format} trace {Path(args.trace).name}"
+        if trace.times is not None:
+            if rates is not None or args.burstiness != 1.0:
+                raise ValueError(f"the {trace.format} trace has its own arrival times: no --request-rate, "
+                                 "--session-rate or --burstiness (scale them with --trace-time-scale, "
+                                 "--trace-rate-scale)")
+            times = [t for t in trace.times if args.duration is None or t < args.duration]
+            times = times[:args.requests] if args.requests is not None else times
+            scale = args.trace_time_scale / args.trace_rate_scale
+            label = "the trace's times" + (f" x{scale:g}" if scale != 1.0 else "")
+            if not times:
+                raise ValueError("no arrival of the trace within --duration")
+            runs = [OpenLoop(tuple(times), unit, label, None, args.max_in_flight)]
+            return workload, runs, _open_meta(args, name, runs)
+        if scaled:
+            raise ValueError(f"the {trace.format} trace has no timestamps to scale: give a rate instead")
+        wanted = "--session-rate" if unit == "session" else "--request-rate"
+        given = "--session-rate" if args.session_rate else "--request-rate" if args.request_rate else None
+        if given is not None and given != wanted:
+            raise ValueError(f"the {trace.format} trace's arrivals are {unit}s: give {wanted}")
+        count: int | None = args.requests or len(trace)
+        rates = rates or [math.inf]  # bench_serving's default --request-rate inf: all at once
+    else:
+        if scaled or args.trace_format:
+            raise ValueError("--trace-format, --trace-time-scale and --trace-rate-scale need --trace")
+        spec = args.workload or "seed"
+        workload, name = make_workload(spec, args.seed, args.max_tokens), f"{spec} workload"
+        unit = "session" if args.session_rate else "request"
+        if unit == "request" and not _single_requests(workload):
+            raise ValueError(f"--request-rate sends one request per arrival, and the {spec} workload's "
+                             "scripts are sessions of several requests: give --session-rate")
+        count = args.requests if args.requests is not None else (
+            None if args.duration is not None else OPEN_DEFAULT_ARRIVALS)
+        assert rates is not None
+    runs = []
+    for rate in rates:
+        times = arrival_times(rate, burstiness=args.burstiness, seed=args.seed, count=count,
+                              duration_s=None if math.isinf(rate) else args.duration)
+        if not times:
+            raise ValueError("no arrival within the bound")
+        runs.append(OpenLoop(tuple(times), unit, poisson_label(rate, args.burstiness, unit), rate,
+                             args.max_in_flight))
+    return workload, runs, _open_meta(args, name, runs)
+
+
+def _open_meta(args: argparse.Namespace, name: str, runs: list[OpenLoop]) -> dict[str, Any]:
+    unit = runs[0].unit
+    bound = (f"arrivals before {args.duration:g} s" if args.duration is not None
+             else f"{', '.join(str(len(r.times)) for r in runs)} arrivals")
+    method = (f"open loop: {'; '.join(r.label for r in runs)}; {bound}; every request's TTFT and e2e "
+              f"count from its scheduled arrival (time queued at the client, the gateway and the server "
+              f"included); offered = the arrivals' rate, achieved = the rate they completed at; at most "
+              f"{args.max_in_flight} {unit}s in flight, later arrivals wait at the client")
+    return {"workload": name, "method": method, "open_loop": True, "unit": unit,
+            "runs": [{"label": r.label, "rate": r.rate, "arrivals": len(r.times)} for r in runs],
+            "burstiness": args.burstiness, "max_in_flight": args.max_in_flight, "seed": args.seed,
+            "max_tokens": args.max_tokens, "trace": args.trace,
+            "trace_time_scale": args.trace_time_scale, "trace_rate_scale": args.trace_rate_scale}
+
+
+def _run_open_sim(args: argparse.Namespace, workload: Workload, runs: list[OpenLoop], name: str,
+                  ) -> tuple[dict[str, list[OpenLoopResult]], dict[str, Any]]:
+    from gateway.bench.targets import caps, run_target_open, turns_crossover
+    from gateway.config import load_settings
+    from gateway.sim.profile import load_profiles
+
+    config = args.config or ("config.yaml" if Path("config.yaml").exists() else None)
+    routing = _routing_with(load_settings(config).routing, args.routing)
+    targets = _targets(args, load_profiles(args.profiles, hardware=args.hardware))
+    key = ("open", name, args.seed, args.max_tokens, args.trace_format)
+    progress = Progress(enabled=not args.no_progress)
+    progress.start("virtual open loop", len(runs) * len(targets))
+    turn_log: dict[str, list[list[Any]]] = {}
+    results = run_target_open(lambda: workload, runs, routing, targets,
+                              shared_device=not args.separate_devices, seed=args.seed,
+                              progress=lambda _: progress.advance(), workload_key=key, turn_log=turn_log)
+    progress.finish()
+    crossovers = {t.name: turns_crossover(t, lambda: workload, routing, seed=args.seed, workload_key=key)
+                  for t in targets if t.turns is not None}
+    return results, {
+        "mode": "virtual time (simulator, no HTTP)", "routing": routing.model_dump(mode="json"),
+        "hardware": HARDWARE[args.hardware].label, "running_caps": caps(targets),
+        "profiles": args.profiles or "packaged default", "shared_device": not args.separate_devices,
+        "memory": args.memory, "turn_cost_s": args.turn_cost, "turns_crossover": crossovers,
+        "turns": {n: [len(run) for run in per_run] for n, per_run in turn_log.items()}}
+
+
+def _run_open_http(args: argparse.Namespace, workload: Workload, runs: list[OpenLoop],
+                   ) -> tuple[dict[str, list[OpenLoopResult]], dict[str, Any]]:
+    from gateway.bench.loadgen import Target, parse_target, run_http_open_sweep
+
+    targets = [parse_target(s) for s in args.compare] if args.compare else [Target("target", args.url)]
+    if len({t.name for t in targets}) != len(targets):
+        raise ValueError("--compare names must be distinct")
+    progress = Progress(enabled=not args.no_progress)
+    results = asyncio.run(run_http_open_sweep(targets, lambda: workload, runs, model=args.model,
+                                              api_key=args.api_key, progress=progress, speed=args.speed))
+    return results, {"mode": "HTTP", "targets": {t.name: t.url for t in targets}, "speed": args.speed}
+
+
+def _output_open(args: argparse.Namespace, results: dict[str, list[OpenLoopResult]],
+                 meta: dict[str, Any]) -> None:
+    meta = {"command": "mtp-gateway bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+            if sys.argv[1:2] == ["bench"] else None, **meta}
+    print(f"## bench: {meta['workload']}, open loop, {meta['mode']}\n")
+    print(f"Method: {meta['method']}.\n")
+    if meta.get("hardware"):
+        caps = "; ".join(f"{t} {', '.join(f'{b} {c}' for b, c in cs.items())}"
+                         for t, cs in meta["running_caps"].items())
+        print(f"Hardware: {meta['hardware']}, memory from gateway/sim/memory.py. Running caps: {caps}.\n")
+    print(report.open_loop_table(results))
+    rows = [(target, r) for target, rs in results.items() for r in rs]
+    short = [f"- {t}, {r.label}: {r.level.output_tokens:,.0f} / {r.output_asked:,}"
+             for t, r in rows if r.level.output_tokens != r.output_asked]
+    if short:
+        print("\nOutput tokens received / asked where they differ (requests cut short or failed):\n")
+        print("\n".join(short))
+    else:
+        print("\nOutput tokens: every run received exactly the max_tokens its requests asked for "
+              "(ignore_eos).")
+    if meta["mode"] == "HTTP":
+        print("Prompt tokens as the servers' usage reported them: " + "; ".join(
+            f"{t}, {r.label}: {'–' if r.prompt_tokens_reported is None else f'{r.prompt_tokens_reported:,}'}"
+            for t, r in rows) + ".")
+    if args.json:
+        report.write_open_json(args.json, results, meta)
+        print(f"\nJSON: {args.json}", file=sys.stderr)
+    if args.plot:
+        print("--plot draws closed-loop levels; an open loop has none (see the table)", file=sys.stderr)

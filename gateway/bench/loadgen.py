@@ -9,6 +9,14 @@ target's own name when the target is a backend.
 ``speed`` is for simulated servers run faster than real time (``SimOptions.speed``,
 ``mtp-gateway sim --speed``): every time is measured in simulated seconds (real seconds x
 speed) and think times shrink alike, so figures compare with the modelled hardware's.
+
+Open loop (:func:`run_http_open`): one dispatcher sleeps until each scheduled arrival and starts
+a task for it (its script: one request, or a session closed-loop inside). At most
+``max_in_flight`` scripts are alive: when that many are, the dispatcher waits for one to end
+before starting the next, so a server that stops answering holds at most that many requests
+(until their timeout) and later arrivals wait at the client, in order, their wait counted in
+their latency (measured from the scheduled time); the report's client lag shows it. A server
+that refuses connections fails each request at once: errors, not a pile-up.
 """
 
 from __future__ import annotations
@@ -21,10 +29,18 @@ from typing import Any
 
 import aiohttp
 
+from gateway.bench.arrivals import OpenLoop
 from gateway.bench.levels import LevelPlan
 from gateway.bench.progress import Progress
 from gateway.bench.sse import SSEParser
-from gateway.bench.stats import LevelResult, RequestRecord, summarise
+from gateway.bench.stats import (
+    ArrivalRecord,
+    LevelResult,
+    OpenLoopResult,
+    RequestRecord,
+    summarise,
+    summarise_open,
+)
 from gateway.bench.workloads import Job, Outcome, Send, Think, Workload
 
 
@@ -128,6 +144,9 @@ def _handle(data: str, now: float, record: RequestRecord, text: list[str], done:
     counted = (obj.get("usage") or {}).get("completion_tokens")
     if isinstance(counted, int):
         usage = counted
+    prompt = (obj.get("usage") or {}).get("prompt_tokens")
+    if isinstance(prompt, int):
+        record.prompt_tokens = prompt
     return done, usage
 
 
@@ -199,4 +218,100 @@ async def run_http_sweep(targets: Sequence[Target], workload_factory: Callable[[
                     progress.finish()
                 results[target.name].append(
                     summarise(target.name, plan.concurrency, records, wall, plan.window))
+    return results
+
+
+async def run_http_open(session: aiohttp.ClientSession, target: Target, workload: Workload,
+                        arrivals: OpenLoop, *, model: str | None = None, api_key: str | None = None,
+                        progress: Progress | None = None, speed: float = 1.0,
+                        ) -> tuple[list[RequestRecord], list[ArrivalRecord]]:
+    """One open-loop run against one target (see the module docstring)."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+
+    def clock() -> float:
+        return (loop.time() - t0) * speed
+
+    records: list[RequestRecord] = []
+    arrival_records = [ArrivalRecord(t) for t in arrivals.times]
+    slots = asyncio.Semaphore(arrivals.max_in_flight)
+
+    async def request(job: Job, arrival: ArrivalRecord, start: float | None) -> Outcome:
+        now = clock()
+        record = RequestRecord(start=now if start is None else start, sent=now)
+        records.append(record)
+        arrival.records.append(record)
+        arrival.requests += 1
+        arrival.output_asked += job.max_tokens
+        await send_one(session, target, job, record, clock, model, api_key)
+        arrival.errors += record.error is not None
+        if progress:
+            progress.advance(error=record.error is not None)
+        return Outcome(record.tokens, record.text, record.error)
+
+    async def run_script(i: int) -> None:
+        arrival = arrival_records[i]
+        arrival.started = clock()
+        value: list[Outcome] | None = None
+        first, thought = True, 0.0
+        try:
+            script = workload.script(i)
+            while True:
+                try:
+                    action = script.send(value)
+                except StopIteration:
+                    break
+                value = None
+                if isinstance(action, Think):
+                    thought += action.seconds
+                    await asyncio.sleep(action.seconds / speed)
+                elif isinstance(action, Send):
+                    # the first Send was due at the scheduled arrival (after the think times
+                    # before it, if any); a later one when it is sent
+                    start = arrival.scheduled + thought if first else None
+                    first = False
+                    value = list(await asyncio.gather(*(request(job, arrival, start)
+                                                        for job in action.jobs)))
+        finally:
+            arrival.end = clock()
+            slots.release()
+
+    tasks: list[asyncio.Task[None]] = []
+    for i, due in enumerate(arrivals.times):
+        delay = due / speed - (loop.time() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await slots.acquire()
+        tasks.append(asyncio.create_task(run_script(i)))
+    await asyncio.gather(*tasks)
+    return records, arrival_records
+
+
+async def run_http_open_sweep(targets: Sequence[Target], workload_factory: Callable[[], Workload],
+                              runs: Sequence[OpenLoop], *, model: str | None = None,
+                              api_key: str | None = None, progress: Progress | None = None,
+                              request_timeout_s: float = 3600.0,
+                              speed: float = 1.0) -> dict[str, list[OpenLoopResult]]:
+    """Every open-loop run against every target, one after another (a rotating order, as the
+    closed-loop sweep's)."""
+    results: dict[str, list[OpenLoopResult]] = {t.name: [] for t in targets}
+    # max_in_flight bounds the scripts; a session's parallel sub-requests may exceed it a little
+    limit = max(r.max_in_flight for r in runs) * 4 + 16
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit)
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        models = {t.name: model or await discover_model(session, t) for t in targets}
+        for i, arrivals in enumerate(runs):
+            shift = i % len(targets)
+            for target in list(targets[shift:]) + list(targets[:shift]):
+                if progress:
+                    progress.start(f"{target.name} open loop",
+                                   len(arrivals.times) if arrivals.unit == "request" else None)
+                records, arrival_records = await run_http_open(
+                    session, target, workload_factory(), arrivals, model=models[target.name],
+                    api_key=api_key, progress=progress, speed=speed)
+                if progress:
+                    progress.finish()
+                results[target.name].append(summarise_open(target.name, arrivals.label, arrivals.unit,
+                                                           records, arrival_records))
     return results

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.stats import LevelResult
+from gateway.bench.stats import LevelResult, OpenLoopResult
 
 GATEWAY_NAMES = ("gateway",)
 
@@ -189,3 +189,42 @@ def verdict_table(rows: Sequence[Mapping[str, Any]], pair_label: str = "gateway"
             f"| {_num(row['pair_user'])} | {row['best_user_target']} | {_num(row['best_user'])} "
             f"| {_fmt_ratio(row['user_ratio'])} |")
     return "\n".join(lines)
+
+
+# --- open loop ----------------------------------------------------------------------------------
+
+def _rate(value: float, unit: str) -> str:
+    per = "req/s" if unit == "request" else "sessions/s"
+    if value is None or math.isnan(value):
+        return "–"
+    return f"inf {per}" if math.isinf(value) else f"{value:,.3g} {per}"
+
+
+def open_loop_table(results: Mapping[str, Sequence[OpenLoopResult]]) -> str:
+    """One row per run and target: offered against achieved rate, then the request figures
+    (latencies from each request's scheduled arrival, queueing included)."""
+    head = ("| arrivals | target | offered | achieved | completed | aggregate tok/s | per-request tok/s "
+            "| TTFT p50 / p99 s | ITL p50 / p99 ms | e2e p50 / p99 s | requests | errors "
+            "| client lag p99 / max s | backend share |")
+    lines = [head, "|" + "---|" * 14]
+    runs = max((len(rows) for rows in results.values()), default=0)
+    for i in range(runs):
+        for target, rows in results.items():
+            if i >= len(rows):
+                continue
+            r, lv = rows[i], rows[i].level
+            lines.append(
+                f"| {r.label} | {target} | {_rate(r.offered_rate, r.unit)} "
+                f"| {_rate(r.achieved_rate, r.unit)} | {r.completed}/{r.arrivals} "
+                f"| {_num(lv.aggregate_tps, 0)} | {_num(lv.per_request_tps)} "
+                f"| {_num(lv.ttft_p50_s, 2)} / {_num(lv.ttft_p99_s, 2)} "
+                f"| {_num(lv.itl_p50_s * 1000, 1)} / {_num(lv.itl_p99_s * 1000, 1)} "
+                f"| {_num(lv.e2e_p50_s, 1)} / {_num(lv.e2e_p99_s, 1)} | {lv.requests} | {lv.errors} "
+                f"| {_num(r.client_lag_p99_s, 2)} / {_num(r.client_lag_max_s, 2)} | {_share(lv.share)} |")
+    return "\n".join(lines)
+
+
+def write_open_json(path: str | Path, results: Mapping[str, Sequence[OpenLoopResult]],
+                    meta: Mapping[str, Any]) -> None:
+    data = {"meta": dict(meta), "results": {t: [r.to_dict() for r in rs] for t, rs in results.items()}}
+    Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

@@ -54,6 +54,10 @@ class RequestRecord:
     backend: str | None = None  # x-gateway-backend, or the target's name when absent
     error: str | None = None
     text: str = ""
+    # Open loop: ``start`` is the scheduled arrival, ``sent`` when it left the client (later
+    # when the client held it back); the prompt length the server reported (usage), if any.
+    sent: float | None = None
+    prompt_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -134,3 +138,76 @@ def summarise(target: str, concurrency: int, records: Sequence[RequestRecord],
         e2e_p99_s=percentile(e2es, 99),
         share={name: n / len(ok) for name, n in sorted(backends.items())} if ok else {},
     )
+
+
+# --- open loop ------------------------------------------------------------------------------
+
+@dataclass
+class ArrivalRecord:
+    """One open-loop arrival (a request, or a session of several): when it was due, when its
+    first request left the client, and when its last answer ended."""
+
+    scheduled: float
+    started: float | None = None
+    end: float | None = None
+    requests: int = 0
+    errors: int = 0
+    records: list[RequestRecord] = field(default_factory=list)  # its requests, in send order
+    output_asked: int = 0  # the max_tokens of its requests (ignore_eos: what should come back)
+
+    @property
+    def ok(self) -> bool:
+        return self.end is not None and self.errors == 0 and self.requests > 0
+
+
+@dataclass
+class OpenLoopResult:
+    """An open-loop run on one target: offered against achieved rate, and the request figures
+    with latencies from each request's scheduled arrival (queueing included).
+
+    - offered: the arrivals' mean rate, (n - 1) / (last - first scheduled arrival);
+    - achieved: the same of the successful arrivals' ends, (k - 1) / (last - first end): what
+      the target kept up with (lower than offered when it could not);
+    - aggregate tok/s: output tokens / (first arrival to last end), the drain included;
+    - client lag: how late a request left the client against its schedule (a driver that kept
+      up: ~0; beyond --max-in-flight arrivals wait at the client, counted in their latency).
+    """
+
+    target: str
+    label: str
+    unit: str
+    arrivals: int
+    completed: int  # arrivals whose requests all succeeded
+    offered_rate: float
+    achieved_rate: float
+    client_lag_p99_s: float
+    client_lag_max_s: float
+    output_asked: int  # tokens the requests asked for (max_tokens)
+    prompt_tokens_reported: int | None  # what the servers' usage said (HTTP), None if unknown
+    level: LevelResult
+
+    def to_dict(self) -> dict[str, Any]:
+        head = {k: (None if isinstance(v, float) and math.isnan(v) else
+                    "inf" if isinstance(v, float) and math.isinf(v) else v)
+                for k, v in asdict(self).items() if k != "level"}
+        return {**head, **self.level.to_dict()}
+
+
+def summarise_open(target: str, label: str, unit: str, records: Sequence[RequestRecord],
+                   arrivals: Sequence[ArrivalRecord]) -> OpenLoopResult:
+    from gateway.bench.arrivals import span_rate
+
+    ends = [r.end for r in records if r.end is not None]
+    first = min((a.scheduled for a in arrivals), default=0.0)
+    makespan = max(ends) - first if ends else 0.0
+    lags = [r.sent - r.start for r in records if r.sent is not None]
+    done = [a.end for a in arrivals if a.ok and a.end is not None]
+    reported = [r.prompt_tokens for r in records]
+    return OpenLoopResult(
+        target=target, label=label, unit=unit, arrivals=len(arrivals), completed=len(done),
+        offered_rate=span_rate([a.scheduled for a in arrivals]), achieved_rate=span_rate(done),
+        client_lag_p99_s=percentile(lags, 99), client_lag_max_s=max(lags, default=math.nan),
+        output_asked=sum(a.output_asked for a in arrivals),
+        prompt_tokens_reported=None if not reported or None in reported
+        else sum(n for n in reported if n is not None),
+        level=summarise(target, 0, records, makespan))

@@ -28,9 +28,11 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from gateway.bench.arrivals import OpenLoop
 from gateway.bench.levels import LevelPlan
-from gateway.bench.stats import LevelResult, summarise
+from gateway.bench.stats import LevelResult, OpenLoopResult, summarise, summarise_open
 from gateway.bench.turns_virtual import (
+    RunResult,
     TurnModel,
     TurnRecord,
     calibrate_crossover,
@@ -204,6 +206,43 @@ def run_target_sweep(workload_factory: Callable[[], Workload], plans: Sequence[L
             results[target.name].append(summarise(target.name, plan.concurrency, records, wall, plan.window))
             if progress:
                 progress(target.name, plan.concurrency)
+    return results
+
+
+def run_open(target: SimTarget, workload: Workload, arrivals: OpenLoop, routing: Routing, *,
+             workload_factory: Callable[[], Workload] | None = None, seed: int = 0,
+             shared_device: bool = True, workload_key: object = None,
+             log_requests: bool = False) -> RunResult:
+    """One open-loop run of one target in a fresh simulator (a turns target decides on the
+    crossover calibrated, closed-loop, on ``workload_factory``'s workload)."""
+    if target.turns is not None:
+        factory = workload_factory or (lambda: workload)
+        decide_on = turns_routing(routing, turns_crossover(target, factory, routing, seed=seed,
+                                                           workload_key=workload_key))
+        return run_virtual(workload, routing, target.profiles, arrivals=arrivals, turns=target.turns,
+                           turns_routing=decide_on, shared_device=shared_device, seed=seed,
+                           log_requests=log_requests)
+    return run_virtual(workload, routing_for(target.policy, routing), target.profiles, arrivals=arrivals,
+                       shared_device=shared_device, seed=seed, log_requests=log_requests)
+
+
+def run_target_open(workload_factory: Callable[[], Workload], runs: Sequence[OpenLoop], routing: Routing,
+                    targets: Sequence[SimTarget], *, shared_device: bool = True, seed: int = 0,
+                    progress: Callable[[str], None] | None = None, workload_key: object = None,
+                    turn_log: dict[str, list[list[TurnRecord]]] | None = None,
+                    ) -> dict[str, list[OpenLoopResult]]:
+    """Every target over every open-loop run (a rate, or a trace), each in a fresh simulator."""
+    results: dict[str, list[OpenLoopResult]] = {t.name: [] for t in targets}
+    for arrivals in runs:
+        for target in targets:
+            run = run_open(target, workload_factory(), arrivals, routing, workload_factory=workload_factory,
+                           seed=seed, shared_device=shared_device, workload_key=workload_key)
+            results[target.name].append(summarise_open(target.name, arrivals.label, arrivals.unit,
+                                                       run.records, run.arrivals))
+            if turn_log is not None and target.turns is not None:
+                turn_log.setdefault(target.name, []).append(run.turns)
+            if progress:
+                progress(target.name)
     return results
 
 

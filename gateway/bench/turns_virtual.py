@@ -27,19 +27,27 @@ virtual time, as issue 19 orders it:
 of one simulator: clients beyond the phase's count finish their script and stop; new ones start
 at a phase's beginning. Tokens are counted over the whole run, and each phase's figures over
 its own window.
+
+**Open loop** (``arrivals``, :class:`gateway.bench.arrivals.OpenLoop`): script ``i`` starts at
+its scheduled time ``times[i]`` whatever else runs (a request, or a session closed-loop inside);
+at most ``max_in_flight`` scripts are alive, later arrivals wait in order. A script's first
+request counts its latency from the scheduled time (``RequestRecord.start``), so a wait at the
+client, in the turns' waiting room or in a server's queue is all in it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
+from gateway.bench.arrivals import OpenLoop
 from gateway.bench.flights import Flight, Flights, drive_script
 from gateway.bench.levels import LevelPlan
-from gateway.bench.stats import RequestRecord, summarise
+from gateway.bench.stats import ArrivalRecord, RequestRecord, summarise
 from gateway.bench.virtual import AcceptMonitor, route, virtual_pool
 from gateway.bench.workloads import Job, Outcome, Workload
 from gateway.config import Role, Routing
@@ -48,7 +56,7 @@ from gateway.routing.crossover import CrossoverEstimator
 from gateway.routing.policy import load_against_crossover
 from gateway.routing.pool import Ask, Lease, Pool
 from gateway.sim.profile import Profile
-from gateway.sim.virtual import VirtualSim
+from gateway.sim.virtual import RequestLog, VirtualSim
 from gateway.turns.decision import NEVER, Holding, LoadSignal, TurnRules, decide_turn
 
 MEASURED_TURN_COST_S = 1.5  # memory-turns.md: one pauses, the other resumes, host copy retained
@@ -127,7 +135,7 @@ class _Clients:
     """Closed-loop client slots following a level plan or a schedule."""
 
     def __init__(self, sim: VirtualSim, workload: Workload,
-                 send: Callable[[Job, Callable[[Outcome], None]], None],
+                 send: Callable[[Job, Callable[[Outcome], None]], object],
                  plan: LevelPlan | None, phases: Sequence[Phase] | None) -> None:
         self.sim, self.workload, self.send = sim, workload, send
         self.plan, self.phases = plan, phases
@@ -174,6 +182,61 @@ class _Clients:
     def _start(self, job: Job, done: Callable[[Outcome], None]) -> None:
         self.started += 1
         self.send(job, done)
+
+
+Sender = Callable[[Job, Callable[[Outcome], None], float | None], RequestRecord]
+
+
+class _OpenClients:
+    """Open-loop arrivals: script ``i`` starts at ``times[i]`` (or, past ``max_in_flight``
+    scripts alive, when one ends), its first request's latency counted from ``times[i]``."""
+
+    def __init__(self, sim: VirtualSim, workload: Workload, send: Sender, arrivals: OpenLoop) -> None:
+        self.sim, self.workload, self.send, self.arrivals = sim, workload, send, arrivals
+        self.records = [ArrivalRecord(t) for t in arrivals.times]
+        self.alive = 0
+        self.held: deque[int] = deque()
+
+    def begin(self) -> None:
+        for i, t in enumerate(self.arrivals.times):
+            self.sim.at(t, functools.partial(self._arrive, i))
+
+    def _arrive(self, i: int) -> None:
+        if self.alive >= self.arrivals.max_in_flight:
+            self.held.append(i)
+            return
+        self._begin_script(i)
+
+    def _begin_script(self, i: int) -> None:
+        self.alive += 1
+        arrival = self.records[i]
+        arrival.started = started = self.sim.now
+        first_send: list[float] = []
+
+        def send(job: Job, done: Callable[[Outcome], None]) -> None:
+            # The script's first Send (its jobs leave together) was due as long after the
+            # scheduled arrival as after the script's start (a think time first); a later one is
+            # due when it is sent (an answer, or a think time, ended).
+            if not first_send:
+                first_send.append(self.sim.now)
+            start = arrival.scheduled + (self.sim.now - started) if self.sim.now == first_send[0] else None
+            arrival.requests += 1
+            arrival.output_asked += job.max_tokens
+
+            def ended(outcome: Outcome) -> None:
+                if outcome.error is not None:
+                    arrival.errors += 1
+                done(outcome)
+
+            arrival.records.append(self.send(job, ended, start))
+
+        drive_script(self.sim, self.workload.script(i), send, lambda: self._end(i))
+
+    def _end(self, i: int) -> None:
+        self.records[i].end = self.sim.now
+        self.alive -= 1
+        if self.held:
+            self._begin_script(self.held.popleft())
 
 
 # --- the turns controller in virtual time -----------------------------------------------------
@@ -339,19 +402,25 @@ class RunResult:
     wall_s: float
     turns: list[TurnRecord]
     step_log: list[tuple[float, float, str]] | None = None
+    arrivals: list[ArrivalRecord] = field(default_factory=list)  # open loop only
+    request_log: list[RequestLog] | None = None  # log_requests: the simulator's own records
 
 
 def run_virtual(workload: Workload, routing: Routing, profiles: Mapping[str, Profile], *,
                 plan: LevelPlan | None = None, phases: Sequence[Phase] | None = None,
+                arrivals: OpenLoop | None = None,
                 turns: TurnModel | None = None, turns_routing: Routing | None = None,
                 shared_device: bool = True, seed: int = 0, log_steps: bool = False,
+                log_requests: bool = False,
                 learned: CrossoverEstimator | None = None) -> RunResult:
-    """One level (``plan``) or one schedule (``phases``) in a fresh simulator. Without
-    ``turns`` the pool routes by ``routing`` as in :func:`gateway.bench.virtual.run_virtual_level`
-    (moves at the flip included); with it the pair takes turns, deciding on ``turns_routing``."""
-    if (plan is None) == (phases is None):
-        raise ValueError("give a level plan or a schedule")
-    sim = VirtualSim(profiles, shared_device=shared_device, seed=seed, log_steps=log_steps)
+    """One level (``plan``), one schedule (``phases``) or one open-loop run (``arrivals``) in a
+    fresh simulator. Without ``turns`` the pool routes by ``routing`` as in
+    :func:`gateway.bench.virtual.run_virtual_level` (moves at the flip included); with it the
+    pair takes turns, deciding on ``turns_routing``."""
+    if sum(x is not None for x in (plan, phases, arrivals)) != 1:
+        raise ValueError("give a level plan, a schedule or open-loop arrivals")
+    sim = VirtualSim(profiles, shared_device=shared_device, seed=seed, log_steps=log_steps,
+                     log_requests=log_requests)
     if turns is not None:  # the pool's load signal and crossover are the turns' own
         routing = turns_routing or routing
     pool = virtual_pool(routing, profiles, learned)
@@ -362,19 +431,29 @@ def run_virtual(workload: Workload, routing: Routing, profiles: Mapping[str, Pro
         controller = TurnsController(sim, pool, flights, routing, turns, holder=turns.first_holder)
     monitor = AcceptMonitor(sim, pool)
 
-    def send(job: Job, done: Callable[[Outcome], None]) -> None:
-        record = RequestRecord(start=sim.now)
+    def send(job: Job, done: Callable[[Outcome], None], start: float | None = None) -> RequestRecord:
+        record = RequestRecord(start=sim.now if start is None else start)
+        if arrivals is not None:
+            record.sent = sim.now
         records.append(record)
         if controller is not None:
             controller.send(job, record, done)
-            return
+            return record
         monitor()
         route(pool, flights, sim.now, job, record, done)
+        return record
 
-    _Clients(sim, workload, send, plan, phases).begin()
+    open_clients = None
+    if arrivals is not None:
+        open_clients = _OpenClients(sim, workload, send, arrivals)
+        open_clients.begin()
+    else:
+        _Clients(sim, workload, send, plan, phases).begin()
     sim.run_until_idle()
     wall = max((r.end for r in records if r.end is not None), default=0.0)
-    return RunResult(records, wall, controller.turns if controller else [], sim.step_log)
+    return RunResult(records, wall, controller.turns if controller else [], sim.step_log,
+                     open_clients.records if open_clients else [],
+                     sim.request_log if log_requests else None)
 
 
 def tokens_within(records: Sequence[RequestRecord], t0: float, t1: float) -> float:

@@ -177,6 +177,9 @@ class Engine:
         # The draft model's weights came back as garbage (released without a host copy): every
         # draft is rejected, the accept length falls to 1.0 without an error (sglang #31674).
         self.drafts_broken = False
+        # rid -> prompt tokens the prefix cache gave it at its first admission, when kept
+        # (VirtualSim(log_requests=True)): what a test compares with the prefix it expects shared
+        self.cached_by_rid: dict[str, int] | None = None
 
     # --- state -------------------------------------------------------------------------
 
@@ -321,6 +324,8 @@ class Engine:
         seq.uncached = len(prompt) - cached
         self.stats.prompt_tokens += len(prompt)
         self.stats.cached_tokens += cached
+        if self.cached_by_rid is not None:
+            self.cached_by_rid[seq.request.rid] = cached
         self._prefilling.append(seq)
 
     # --- the memory saver's operations -------------------------------------------------

@@ -23,6 +23,9 @@ Taking turns owning the memory (the memory saver): ``sim.park(name)`` stops a ba
 starting steps (a step in progress ends; its queue stays and waits), optionally flushing its
 prefix cache as a release does; ``sim.unpark(name)`` lets it step again. ``log_steps`` keeps
 ``(start, end, backend)`` of every step, so a test can see that a parked backend never ran.
+``log_requests`` keeps every submitted request as the simulator saw it (:class:`RequestLog`:
+when it came, its prompt length, the tokens its prefix cache gave it, what it generated), so a
+test reads lengths and cache hits from the simulator itself.
 """
 
 from __future__ import annotations
@@ -58,6 +61,21 @@ class _Callbacks:
     on_finish: FinishCallback | None
 
 
+@dataclass(slots=True)
+class RequestLog:
+    """One submitted request as the simulator saw it (``VirtualSim(log_requests=True)``)."""
+
+    at: float  # virtual time of the submit
+    backend: str
+    rid: str
+    prompt_tokens: int
+    max_tokens: int
+    cached_tokens: int | None = None  # from its prefix cache at admission (None: never admitted)
+    generated: int = 0  # tokens it emitted
+    end: float | None = None
+    finish_reason: str | None = None
+
+
 class _Device:
     """One simulated GPU: runs one step at a time; engines wait their turn in FIFO order."""
 
@@ -72,14 +90,19 @@ class VirtualSim:
     def __init__(
         self, profiles: Mapping[str, Profile], shared_device: bool = True, seed: int = 0,
         devices: Mapping[str, str] | None = None, log_steps: bool = False,
+        log_requests: bool = False,
     ) -> None:
         self.now = 0.0
         self.parked: set[str] = set()
         self.step_log: list[tuple[float, float, str]] | None = [] if log_steps else None
+        self._request_log: list[RequestLog] | None = [] if log_requests else None
         self.engines = {
             name: Engine(profile, random.Random(f"{seed}:{name}"))
             for name, profile in profiles.items()
         }
+        if log_requests:
+            for engine in self.engines.values():
+                engine.cached_by_rid = {}
         if devices is None:
             devices = {name: "shared" if shared_device else name for name in self.engines}
         by_name = {device: _Device() for device in set(devices.values())}
@@ -120,9 +143,40 @@ class VirtualSim:
     ) -> None:
         """Send a request to ``backend`` now. Raises QueueFullError like the HTTP 503."""
         self.engines[backend].submit(request)
+        if self._request_log is not None:
+            on_chunk, on_finish = self._logged(backend, request, on_chunk, on_finish)
         self._callbacks[backend][request.rid] = _Callbacks(on_first_token, on_chunk, on_finish)
         # Deferred, so requests submitted at the same instant join one prefill batch.
         self.at(self.now, lambda: self._kick(backend))
+
+    def _logged(self, backend: str, request: Request, on_chunk: ChunkCallback | None,
+                on_finish: FinishCallback | None) -> tuple[ChunkCallback, FinishCallback]:
+        assert self._request_log is not None
+        entry = RequestLog(self.now, backend, request.rid, len(request.prompt), request.output_len)
+        self._request_log.append(entry)
+
+        def chunk(t: float, n: int) -> None:
+            entry.generated += n
+            if on_chunk is not None:
+                on_chunk(t, n)
+
+        def finish(t: float, reason: str) -> None:
+            entry.end, entry.finish_reason = t, reason
+            if on_finish is not None:
+                on_finish(t, reason)
+
+        return chunk, finish
+
+    @property
+    def request_log(self) -> list[RequestLog]:
+        """Every submitted request in submit order (``log_requests``), cache hits filled in."""
+        if self._request_log is None:
+            raise RuntimeError("VirtualSim(log_requests=True) keeps the request log")
+        for entry in self._request_log:
+            cached = self.engines[entry.backend].cached_by_rid
+            if entry.cached_tokens is None and cached is not None and entry.rid in cached:
+                entry.cached_tokens = cached[entry.rid]
+        return list(self._request_log)
 
     def abort(self, backend: str, rid: str) -> None:
         """``/abort_request``: the slot is free at once; on_finish gets "abort"."""
