@@ -67,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--makespan", action="store_true",
                       help="makespan method, the seed's: all clients start together, 3 requests each")
     size.add_argument("--duration", type=float, metavar="S",
-                      help=f"steady method: keep the level busy S seconds (--sim default {SIM_DURATION_S:g})")
+                      help="steady method: keep the level busy S seconds (--sim default "
+                           f"{SIM_DURATION_S:g}); open loop: the arrivals before S")
     parser.add_argument("--warmup", type=float, metavar="S", default=None,
                         help=f"steady method: seconds left out at the start (--sim default {SIM_WARMUP_S:g})")
     parser.add_argument("--max-tokens", type=int, help="cap every request's output (quick runs)")
@@ -135,7 +136,7 @@ def add_open_loop_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--requests", type=int, metavar="N",
                        help=f"open loop: the first N arrivals (default {OPEN_DEFAULT_ARRIVALS} with a "
                             "rate and no --duration, as bench_serving's --num-prompts; a trace: all); "
-                            "with --duration the arrivals before S seconds")
+                            "--duration S bounds them too (the arrivals before S)")
     group.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT, metavar="N",
                        help="at most N arrivals (requests, or sessions) alive at once; later ones "
                             "wait at the client, in order, and that wait counts in their latency "
