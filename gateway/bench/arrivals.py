@@ -106,5 +106,6 @@ def poisson_label(rate: float, burstiness: float, unit: Unit) -> str:
     per = "req/s" if unit == "request" else "sessions/s"
     if math.isinf(rate):
         return f"all {unit}s at once (rate inf)"
-    kind = "Poisson" if burstiness == 1.0 else f"gamma intervals, burstiness {burstiness:g}"
-    return f"{kind} arrivals at {rate:g} {per}"
+    if burstiness == 1.0:
+        return f"Poisson arrivals at {rate:g} {per}"
+    return f"arrivals at {rate:g} {per}, gamma intervals (burstiness {burstiness:g})"

@@ -290,7 +290,7 @@ async def test_http_replay_lengths_exact_against_the_simulator_and_the_gateway()
     servers' usage reports them are the trace's (Mooncake) and the replay's own token view
     (agentic, the simulator's chat template)."""
     speed = 50.0
-    async with asyncio.timeout(60), start_sim_pair(SimOptions(speed=speed)) as pair:
+    async with asyncio.timeout(45), start_sim_pair(SimOptions(speed=speed)) as pair:
         async with aiohttp.ClientSession() as session:
             trace = MooncakeTrace(MOONCAKE)
             records, arrivals = await run_http_open(
