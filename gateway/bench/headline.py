@@ -1,5 +1,6 @@
-"""The README's headline: per hardware and workload, where the pair through the gateway wins
-against the best single server owning the GPUs, and by how much, from ``bench --sim`` JSONs.
+"""The headline of docs/results.md: per hardware and workload, where the pair through the
+gateway wins against the best single server owning the GPUs, and by how much, from
+``bench --sim`` JSONs.
 
     python -m gateway.bench.headline lab/results/bench/sim-*-*.json
     python -m gateway.bench.headline --exclude single-adaptive lab/results/bench/sim-*-*.json

@@ -1,4 +1,4 @@
-"""The README's headline: wins, ties and losses of the pair per bench --sim JSON."""
+"""docs/results.md's headline: wins, ties and losses of the pair per bench --sim JSON."""
 
 from gateway.bench.headline import headline, main
 from gateway.bench.report import write_json
