@@ -559,6 +559,9 @@ def _output_open(args: argparse.Namespace, results: dict[str, list[OpenLoopResul
                          for t, cs in meta["running_caps"].items())
         print(f"Hardware: {meta['hardware']}, memory from gateway/sim/memory.py. Running caps: {caps}.\n")
     print(report.open_loop_table(results))
+    if meta.get("turns"):
+        print("\nTurns (the memory handed from one server to the other), per run: "
+              + "; ".join(f"{t} {', '.join(map(str, n))}" for t, n in meta["turns"].items()) + ".")
     rows = [(target, r) for target, rs in results.items() for r in rs]
     short = [f"- {t}, {r.label}: {r.level.output_tokens:,.0f} / {r.output_asked:,}"
              for t, r in rows if r.level.output_tokens != r.output_asked]
