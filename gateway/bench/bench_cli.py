@@ -34,7 +34,7 @@ from gateway.bench.levels import DEFAULT_LEVELS, LevelPlan, parse_levels, plan_l
 from gateway.bench.progress import Progress
 from gateway.bench.stats import LevelResult, OpenLoopResult
 from gateway.bench.targets import ALL_TARGETS, DEFAULT_MEMORY, POLICY_TARGETS, default_targets
-from gateway.bench.traces import FORMATS
+from gateway.bench.traces import FORMATS, Trace, closed_loop, workload_or_trace
 from gateway.bench.workloads import WORKLOADS, Outcome, Send, Workload, make_workload
 from gateway.config import ConfigError, Routing, build_routing
 from gateway.sim.memory import DEFAULT_HARDWARE, HARDWARE
@@ -425,8 +425,6 @@ def _single_requests(workload: Workload) -> bool:
 
 def _open_setup(args: argparse.Namespace) -> tuple[Workload, list[OpenLoop], dict[str, Any]]:
     """The workload (or trace) and its open-loop runs: one per rate, or the trace's times."""
-    from gateway.bench.traces import load_trace
-
     refused = [flag for flag, given in (
         ("--concurrency", args.concurrency != ",".join(map(str, DEFAULT_LEVELS))),
         ("--requests-per-level", args.requests_per_level is not None), ("--makespan", args.makespan),
@@ -442,13 +440,13 @@ def _open_setup(args: argparse.Namespace) -> tuple[Workload, list[OpenLoop], dic
     rate_text = args.request_rate or args.session_rate
     rates = _rates(rate_text) if rate_text else None
     scaled = args.trace_time_scale != 1.0 or args.trace_rate_scale != 1.0
-    workload: Workload
-    if args.trace:
-        if args.workload is not None:
-            raise ValueError("--trace replaces --workload: give one of them")
-        trace = load_trace(args.trace, args.trace_format, time_scale=args.trace_time_scale,
-                           rate_scale=args.trace_rate_scale, seed=args.seed, max_tokens=args.max_tokens)
-        workload, unit, name = trace, trace.unit, f"{trace.format} trace {Path(args.trace).name}"
+    if scaled and not args.trace:
+        raise ValueError("--trace-time-scale and --trace-rate-scale need --trace")
+    workload, name = workload_or_trace(args.workload, args.trace, args.trace_format, seed=args.seed,
+                                       max_tokens=args.max_tokens, time_scale=args.trace_time_scale,
+                                       rate_scale=args.trace_rate_scale)
+    if isinstance(workload, Trace):
+        trace, unit = workload, workload.unit
         if trace.times is not None:
             if rates is not None or args.burstiness != 1.0:
                 raise ValueError(f"the {trace.format} trace has its own arrival times: no --request-rate, "
@@ -471,13 +469,9 @@ def _open_setup(args: argparse.Namespace) -> tuple[Workload, list[OpenLoop], dic
         count: int | None = args.requests or len(trace)
         rates = rates or [math.inf]  # bench_serving's default --request-rate inf: all at once
     else:
-        if scaled or args.trace_format:
-            raise ValueError("--trace-format, --trace-time-scale and --trace-rate-scale need --trace")
-        spec = args.workload or "seed"
-        workload, name = make_workload(spec, args.seed, args.max_tokens), f"{spec} workload"
         unit = "session" if args.session_rate else "request"
         if unit == "request" and not _single_requests(workload):
-            raise ValueError(f"--request-rate sends one request per arrival, and the {spec} workload's "
+            raise ValueError(f"--request-rate sends one request per arrival, and the {name}'s "
                              "scripts are sessions of several requests: give --session-rate")
         count = args.requests if args.requests is not None else (
             None if args.duration is not None else OPEN_DEFAULT_ARRIVALS)
@@ -525,7 +519,8 @@ def _run_open_sim(args: argparse.Namespace, workload: Workload, runs: list[OpenL
                               shared_device=not args.separate_devices, seed=args.seed,
                               progress=lambda _: progress.advance(), workload_key=key, turn_log=turn_log)
     progress.finish()
-    crossovers = {t.name: turns_crossover(t, lambda: workload, routing, seed=args.seed, workload_key=key)
+    closed = closed_loop(workload)
+    crossovers = {t.name: turns_crossover(t, lambda: closed, routing, seed=args.seed, workload_key=key)
                   for t in targets if t.turns is not None}
     return results, {
         "mode": "virtual time (simulator, no HTTP)", "routing": routing.model_dump(mode="json"),

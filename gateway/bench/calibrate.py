@@ -14,8 +14,9 @@ requests wait for a slot, and their fast decode is not what their users get).
    already wins at the lowest level, C* = that level - 1; when it never wins, there is none.
 2. The objective picks one of the two C* (``--objective``, both are always printed):
    ``aggregate`` (the default) is where plain starts serving more tokens per second in total:
-   past it, MTP's faster requests cost the pair capacity. It is the figure the README and
-   config.yaml's default crossover are stated in (31 on the simulated seed pair).
+   past it, MTP's faster requests cost the pair capacity. It is the figure config.yaml's
+   default crossover is stated in (31 on the simulated seed pair: docs/results.md, "Calibrating
+   against the simulator").
    ``per-request`` is where MTP's requests stop being faster for their users (queueing
    included); choose it when each request's speed matters more than the total.
 3. ``routing.crossover`` is compared with live concurrency *not counting the new request*:

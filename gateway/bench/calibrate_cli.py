@@ -2,11 +2,18 @@
 
     mtp-gateway calibrate --mtp http://127.0.0.1:30001 --plain http://127.0.0.1:30002 \\
         --write config.yaml --profile-out my-profiles.yaml
+    mtp-gateway calibrate --mtp URL --plain URL --workload agentic --write config.yaml
+    mtp-gateway calibrate --mtp URL --plain URL --trace my-requests.jsonl --write config.yaml
 
 The rule is in gateway/bench/calibrate.py (find_crossover). --write changes only the values of
 routing.crossover (and routing.hysteresis when it no longer fits) in the file, comments kept.
 The saved profile replays the measured curves in the simulator (`mtp-gateway bench --sim
 --profiles my-profiles.yaml`, `mtp-gateway sim --profiles ...`).
+
+The crossover moves with the traffic (MTP's acceptance, the lengths, the shared prefixes), so
+calibrate on yours: a workload, or a trace of your own requests, run closed-loop like a
+workload: its arrival times are not used (docs/workloads.md, "Calibrating on a workload or a
+trace").
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from gateway.bench.levels import parse_levels, plan_levels
 from gateway.bench.loadgen import Target, _join, run_http_sweep
 from gateway.bench.progress import Progress
 from gateway.bench.stats import LevelResult
-from gateway.bench.workloads import make_workload
+from gateway.bench.traces import FORMATS, Trace, closed_loop, workload_or_trace
+from gateway.bench.workloads import WORKLOADS, Workload, make_workload
 from gateway.sim.memory import HARDWARE
 from gateway.sim.speed import add_speed_argument
 
@@ -50,19 +58,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mtp", required=True, help="base URL of the MTP (NEXTN) server")
     parser.add_argument("--plain", required=True, help="base URL of the plain server")
     parser.add_argument("--concurrency", default=CALIBRATE_LEVELS, help="levels (default %(default)s)")
-    parser.add_argument("--workload", default="seed", help="seed | chat | agentic | file:PATH.jsonl "
-                        "(default %(default)s; the crossover moves with acceptance, see the README)")
+    source = parser.add_argument_group("what the clients send (one of)")
+    source.add_argument("--workload", help=f"{' | '.join(WORKLOADS)} | file:PATH.jsonl (default seed; "
+                        "the crossover moves with acceptance: docs/results.md"
+                        "#calibrating-against-the-simulator)")
+    source.add_argument("--trace", metavar="PATH",
+                        help="your own traffic instead of --workload: Mooncake's JSON lines, SGLang's "
+                             "agentic trace or recorded requests (docs/workloads.md). Each level runs "
+                             "its requests closed-loop, in the trace's order from its first, with their "
+                             "own input and output lengths and prompts (shared prefixes stay shared); "
+                             "a conversation's (or recorded x-session-id's) rounds in order on one "
+                             "client; past its end it starts again. Its arrival times are not used: "
+                             "the crossover is a number of requests in flight, which a closed loop "
+                             "holds at each level for both servers alike, while on the trace's clock "
+                             "the slower server would hold more in flight and the two would be "
+                             "compared at different loads")
+    source.add_argument("--trace-format", choices=FORMATS, help="the trace's format (default: detected)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--requests-per-level", type=int, metavar="N",
                       help="requests per level (default: 3 per client)")
     size.add_argument("--duration", type=float, metavar="S", help="steady method: seconds per level")
-    parser.add_argument("--warmup", type=float, default=0.0, metavar="S")
-    parser.add_argument("--max-tokens", type=int, help="cap every request's output (quick runs)")
+    parser.add_argument("--warmup", type=float, default=0.0, metavar="S",
+                        help="steady method: seconds left out at the start of each level (needs --duration)")
+    parser.add_argument("--max-tokens", type=int,
+                        help="cap every request's output (quick runs; a trace's too)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model")
     parser.add_argument("--api-key")
-    parser.add_argument("--config", default="config.yaml",
-                        help="config whose routing.hysteresis is the starting point (default %(default)s)")
+    parser.add_argument("--config",
+                        help="config whose routing.hysteresis is the starting point (default: the "
+                             "--write file, else ./config.yaml)")
     parser.add_argument("--objective", choices=list(OBJECTIVES), default=DEFAULT_OBJECTIVE,
                         help="which crossing becomes routing.crossover (both are printed): aggregate, "
                              "where plain serves more tok/s in total (the default: the pair's "
@@ -107,63 +132,73 @@ async def calibrate(args: argparse.Namespace) -> int:
     from gateway.upstream.engine.sglang import parse_server_info
 
     try:
+        _refuse_nonsense(args)
         levels = parse_levels(args.concurrency)
-        plans = plan_levels(levels, args.requests_per_level, args.duration,
-                            args.warmup if args.duration else 0.0)
-        make_workload(args.workload, args.seed, args.max_tokens)  # validate early
+        plans = plan_levels(levels, args.requests_per_level, args.duration, args.warmup)
+        source, name = workload_or_trace(args.workload, args.trace, args.trace_format,
+                                         seed=args.seed, max_tokens=args.max_tokens)
         singles = _measured_singles(args.single)
-    except (ValueError, OSError) as exc:
+        # the starting point, read before the sweep so that a wrong path costs no sweep
+        config = args.write or args.config or ("config.yaml" if Path("config.yaml").exists() else None)
+        current = load_settings(config).routing
+    except (ValueError, OSError, ConfigError) as exc:
         print(f"mtp-gateway calibrate: {exc}", file=sys.stderr)
         return 2
+    trace = source if isinstance(source, Trace) else None
+    closed = closed_loop(source)
+
+    def workload_factory() -> Workload:  # a workload afresh per level; a trace parsed once
+        return closed if trace else make_workload(args.workload or "seed", args.seed, args.max_tokens)
+
     targets = [Target("mtp", args.mtp), Target("plain", args.plain)]
     infos = {t.name: await _server_info(t.url, args.api_key) for t in targets}
     caps = {name: parse_server_info(info)[0] if info else None for name, info in infos.items()}
     progress = Progress(enabled=not args.no_progress)
-    results = await run_http_sweep(
-        targets, lambda: make_workload(args.workload, args.seed, args.max_tokens), plans,
-        model=args.model, api_key=args.api_key, progress=progress,
-        speed=args.speed)
+    results = await run_http_sweep(targets, workload_factory, plans, model=args.model,
+                                   api_key=args.api_key, progress=progress, speed=args.speed)
     accept = parse_server_info(infos["mtp"])[1] if infos["mtp"] else None
     after = await _server_info(args.mtp, args.api_key)  # accept length after the sweep
     accept = (parse_server_info(after)[1] if after else None) or accept
 
-    print(f"## calibrate: {args.workload} workload, mtp {args.mtp} vs plain {args.plain}\n")
+    print(f"## calibrate: {name}, mtp {args.mtp} vs plain {args.plain}\n")
+    if trace:
+        print(f"Closed loop on the trace's {trace.requests} requests in its order (arrival times not "
+              "used), every level from its first.\n")
     print(report.markdown_table(results))
+    repeated = [r.concurrency for r in results["mtp"] if trace and r.requests > trace.requests]
+    if trace and repeated:
+        print(f"\nnote: at C={', '.join(map(str, repeated))} more than the trace's {trace.requests} "
+              "requests were sent: they started again from its first, and a repeated prompt finds "
+              "its prefix cached")
     errors = sum(r.errors for rows in results.values() for r in rows)
     if errors:
         print(f"\nwarning: {errors} requests failed; the curves may be wrong", file=sys.stderr)
-    try:
-        current = load_settings(args.write or (args.config if Path(args.config).exists() else None)).routing
-    except ConfigError as exc:
-        print(f"mtp-gateway calibrate: {exc}", file=sys.stderr)
-        return 2
     guard = getattr(current, "capacity_guard", True)
     outcome = find_crossover(results["mtp"], results["plain"], caps["mtp"] if guard else None,
                              args.objective)
     print("\n" + outcome.explain())
     json_meta = {
-        "mode": "HTTP calibrate", "workload": args.workload, "speed": args.speed,
+        "mode": "HTTP calibrate", "workload": None if trace else args.workload or "seed",
+        "trace": args.trace, "trace_format": trace.format if trace else None, "speed": args.speed,
         "caps": caps, "accept_length": accept,
         "objective": args.objective, "aggregate_crossing": outcome.aggregate.level,
         "per_request_crossing": outcome.per_request.level,
         "crossover": outcome.crossover, "uncapped_crossover": outcome.uncapped}
     if args.plot:
-        report.plot(args.plot, results, f"calibrate: {args.workload} workload")
+        report.plot(args.plot, results, f"calibrate: {name}")
     if args.hardware or args.profile_out:
         steps = infos["mtp"].get("speculative_num_steps")
         fitted = fitted_pair(load_profiles(), results, caps, accept, steps,
-                             greedy_repetitive=args.workload == "seed")
+                             greedy_repetitive=not trace and args.workload in (None, "seed"))
     if args.hardware:
-        singles |= estimated_singles(fitted, args.hardware,
-                                     lambda: make_workload(args.workload, args.seed, args.max_tokens),
-                                     plans, current)
+        singles |= estimated_singles(fitted, args.hardware, workload_factory, plans, current)
     rows = _print_verdict(results, singles, args.hardware, bool(args.single))
     if args.json:
         report.write_json(args.json, results, {**json_meta, "verdict": rows,
                                                "hardware": args.hardware, "singles": list(singles)})
     if args.profile_out:
         save_profiles(fitted, args.profile_out, comment=(
-            f"Measured by `mtp-gateway calibrate` ({args.workload} workload) against\n"
+            f"Measured by `mtp-gateway calibrate` ({name}) against\n"
             f"mtp {args.mtp} and plain {args.plain}: step_ms = tokens per step * 1000 /\n"
             f"per-request tok/s at each concurrency up to the running cap (caps {caps});\n"
             f"MTP accept length {accept}. Prefill and cache fields are the packaged defaults'."))
@@ -195,6 +230,20 @@ async def calibrate(args: argparse.Namespace) -> int:
     else:
         print("not written: pass --write CONFIG to update routing.crossover")
     return 0
+
+
+def _refuse_nonsense(args: argparse.Namespace) -> None:
+    """Flags that mean nothing together, or nothing at all, refused with a one-line reason (the
+    workload and the trace: workload_or_trace)."""
+    if args.warmup and args.duration is None:
+        raise ValueError("--warmup needs --duration: a makespan level (the default) counts all of it")
+    if args.requests_per_level is not None and args.requests_per_level < 1:
+        raise ValueError("--requests-per-level must be >= 1")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise ValueError("--max-tokens must be >= 1")
+    if args.config and args.write and Path(args.config).resolve() != Path(args.write).resolve():
+        raise ValueError("--config and --write name different files: the file --write updates is "
+                         "also the starting point; give one of them")
 
 
 def _measured_singles(specs: list[str]) -> dict[str, list[LevelResult]]:

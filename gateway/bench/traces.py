@@ -1,5 +1,9 @@
 """Trace replay: the request logs users already have, as workloads with their arrival times.
 
+One module of ~460 lines on purpose: the three formats are one contract (``Trace``: arrivals,
+their times, the closed-loop view) read by one loader that tells them apart; split, each
+format would be a module of ~100 lines importing the others' helpers.
+
 Three formats (``load_trace``; the format is detected from the file when not given):
 
 - **mooncake** (Mooncake's FAST'25 traces, JSON lines): ``{"timestamp": ms, "input_length": n,
@@ -38,6 +42,10 @@ Three formats (``load_trace``; the format is detected from the file when not giv
   ``"timestamp"`` (seconds from the recording's start) on every line gives the arrival times
   (scaled like Mooncake's), else a request rate does.
 
+Closed loop (``closed_loop``, what ``mtp-gateway calibrate --trace`` sweeps): C clients each
+take the trace's next request (or session) when the last is answered; the arrival times are
+not used, and past the end the trace starts again from its first request.
+
 The virtual simulator's token view (``Job.prompt_ids``): Mooncake's ids themselves; for chat,
 the simulator's own tokens (its chat template's words, ``gateway.sim.text``), so a virtual
 replay and one against the simulator over HTTP count the same prompt lengths.
@@ -65,6 +73,7 @@ from gateway.bench.workloads import (
     Send,
     Think,
     Workload,
+    make_workload,
     words,
 )
 
@@ -87,6 +96,17 @@ class Trace(Workload):
 
     def __len__(self) -> int:
         raise NotImplementedError
+
+    @property
+    def requests(self) -> int:
+        """How many requests one pass over the trace sends."""
+        return len(self)
+
+    def closed_loop(self) -> Workload:
+        """The trace as a closed loop runs it (see :func:`closed_loop`): itself, unless its
+        arrivals are not its sessions (recorded: a line is an arrival, an x-session-id a
+        session)."""
+        return self
 
 
 # --- Mooncake -------------------------------------------------------------------------------
@@ -275,6 +295,10 @@ class AgenticTrace(Trace):
     def __len__(self) -> int:
         return len(self.conversations)
 
+    @property
+    def requests(self) -> int:
+        return sum(map(len, self.conversations))
+
     def script(self, index: int) -> Script:
         n = index % len(self.conversations)
         session = f"trace-{self.seed}-{index}"
@@ -333,6 +357,33 @@ class RecordedTrace(Trace):
     def script(self, index: int) -> Script:
         yield Send([self.jobs[index % len(self.jobs)]])
 
+    def closed_loop(self) -> Workload:
+        return RecordedSessions(self)
+
+
+class RecordedSessions(Workload):
+    """A recorded trace's requests grouped by their ``x-session-id``: script ``i`` is the
+    ``i``-th session (by its first request) sending its requests one after another, each when
+    the one before is answered; a request without a session is a session of its own."""
+
+    name = "recorded-sessions"
+
+    def __init__(self, trace: RecordedTrace) -> None:
+        super().__init__(trace.seed, trace.max_tokens)
+        by_session: dict[str, list[Job]] = {}
+        self.sessions: list[list[Job]] = []
+        for job in trace.jobs:
+            if job.session is None:
+                self.sessions.append([job])
+            elif job.session in by_session:
+                by_session[job.session].append(job)
+            else:
+                self.sessions.append(by_session.setdefault(job.session, [job]))
+
+    def script(self, index: int) -> Script:
+        for job in self.sessions[index % len(self.sessions)]:
+            yield Send([job])
+
 
 # --- loading -----------------------------------------------------------------------------------
 
@@ -381,3 +432,33 @@ def load_trace(path: str | Path, fmt: Format | None = None, *, time_scale: float
     if time_scale != 1.0 or rate_scale != 1.0:
         raise ValueError("an agentic trace has no timestamps to scale: give --session-rate instead")
     return AgenticTrace(path, seed=seed, max_tokens=max_tokens, data=data)
+
+
+# --- a workload or a trace, closed-loop ----------------------------------------------------------
+
+def workload_or_trace(workload: str | None, trace: str | None, trace_format: Format | None = None, *,
+                      seed: int = 0, max_tokens: int | None = None, time_scale: float = 1.0,
+                      rate_scale: float = 1.0) -> tuple[Workload, str]:
+    """``--workload SPEC`` or ``--trace PATH`` (``bench``'s and ``calibrate``'s): the workload
+    (a :class:`Trace` for a trace) and its name for the report."""
+    if trace:
+        if workload is not None:
+            raise ValueError("--trace replaces --workload: give one of them")
+        loaded = load_trace(trace, trace_format, time_scale=time_scale, rate_scale=rate_scale,
+                            seed=seed, max_tokens=max_tokens)
+        return loaded, f"{loaded.format} trace {Path(trace).name}"
+    if trace_format:
+        raise ValueError("--trace-format needs --trace")
+    spec = workload or "seed"
+    return make_workload(spec, seed, max_tokens), f"{spec} workload"
+
+
+def closed_loop(workload: Workload) -> Workload:
+    """What a closed loop of C clients runs of ``workload``: each client the next script, back
+    to back. A trace's arrival times are left out: its requests go in the trace's order with
+    their own lengths and prompts (so its shared prefixes are shared), a session's (an agentic
+    conversation's, a recorded ``x-session-id``'s) one after another on one client, and past
+    the trace's end they start again from its first. Any other workload runs as it is. What
+    ``mtp-gateway calibrate`` sweeps, and what a ``pair-turns`` target's crossover is
+    calibrated on in an open-loop replay."""
+    return workload.closed_loop() if isinstance(workload, Trace) else workload

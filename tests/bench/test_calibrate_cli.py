@@ -1,4 +1,5 @@
-"""`calibrate --objective`: both crossings printed, the chosen one written and named.
+"""`calibrate --objective`: both crossings printed, the chosen one written and named; what the
+clients send (--workload, --trace) and the flags refused together.
 
 The sweep is replaced by fixed curves (tests/bench/test_units.py's SPLIT: aggregate tok/s cross
 at 30.0, per-request tok/s at 38.1); the live sweep is in test_calibrate_live.py.
@@ -11,16 +12,19 @@ from pathlib import Path
 import pytest
 
 from gateway.bench import calibrate_cli
+from gateway.bench.traces import RecordedSessions
+from gateway.bench.workloads import WORKLOADS
 from gateway.config import load_settings
 from tests.bench.test_units import SPLIT
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def _calibrate(monkeypatch, tmp_path, *extra: str) -> tuple[int, Path]:
-    async def sweep(*_args, **_kwargs):
-        return {"mtp": SPLIT[0], "plain": SPLIT[1]}
+async def _split_sweep(*_args, **_kwargs):
+    return {"mtp": SPLIT[0], "plain": SPLIT[1]}
 
+
+async def _calibrate(monkeypatch, tmp_path, *extra: str, sweep=_split_sweep) -> tuple[int, Path]:
     async def no_server_info(*_args):
         return {}
 
@@ -62,3 +66,68 @@ def test_objective_help_states_the_default(capsys):
     help_text = " ".join(parser.format_help().split())
     assert "--objective {aggregate,per-request}" in help_text
     assert "(the default: the pair's capacity" in help_text
+
+
+# --- what the clients send: --workload or --trace ----------------------------------------------
+
+TRACES = ROOT / "tests" / "data" / "traces"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--trace", str(TRACES / "mooncake_sample.jsonl"), "--workload", "chat"],
+     "--trace replaces --workload: give one of them"),
+    (["--trace-format", "mooncake"], "--trace-format needs --trace"),
+    (["--trace", str(TRACES / "absent.jsonl")], "absent.jsonl"),
+    (["--trace", str(TRACES / "mooncake_sample.jsonl"), "--trace-format", "agentic"], "not JSON"),
+    (["--workload", "nope"], "unknown workload 'nope'"),
+    (["--warmup", "5"], "--warmup needs --duration"),
+    (["--requests-per-level", "0"], "--requests-per-level must be >= 1"),
+    (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+    (["--config", "elsewhere.yaml"], "--config and --write name different files"),
+    (["--write", "absent/config.yaml"], "cannot read config file absent/config.yaml"),
+])
+async def test_flags_that_mean_nothing_together_are_refused_in_one_line(monkeypatch, tmp_path, capsys,
+                                                                         argv, message):
+    async def no_sweep(*_args, **_kwargs):
+        raise AssertionError("refused flags must not start a sweep")
+
+    code, config = await _calibrate(monkeypatch, tmp_path, *argv, sweep=no_sweep)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err
+    assert err.startswith("mtp-gateway calibrate: ") and err.count("\n") == 1, err
+    assert config.read_text() == (ROOT / "config.yaml").read_text()
+
+
+@pytest.mark.timeout(30)
+async def test_a_trace_is_swept_closed_loop_with_its_requests(monkeypatch, tmp_path, capsys):
+    """What calibrate hands the sweep for a trace: the trace's closed-loop view, the same
+    object at every level (parsed once), its format's sessions kept (recorded: by
+    x-session-id)."""
+    seen = []
+
+    async def sweep(_targets, workload_factory, _plans, **_kwargs):
+        seen.extend(workload_factory() for _ in range(2))
+        return await _split_sweep()
+
+    code, config = await _calibrate(monkeypatch, tmp_path, "--trace", str(TRACES / "recorded_sample.jsonl"),
+                                    sweep=sweep)
+    out = capsys.readouterr().out
+    assert code == 0 and load_settings(config).routing.crossover == 30
+    assert seen[0] is seen[1] and isinstance(seen[0], RecordedSessions)
+    assert "## calibrate: recorded trace recorded_sample.jsonl" in out
+    assert "Closed loop on the trace's 3 requests in its order (arrival times not used)" in out
+
+
+def test_help_lists_the_workloads_and_says_why_a_trace_runs_closed_loop():
+    parser = argparse.ArgumentParser()
+    calibrate_cli.add_arguments(parser)
+    help_text = " ".join(parser.format_help().split())
+    assert all(name in help_text for name in WORKLOADS) and "file:PATH.jsonl" in help_text
+    assert "--trace-format {mooncake,agentic,recorded}" in help_text
+    assert "Its arrival times are not used: the crossover is a number of requests in flight" in help_text
+    # the crossover's dependence on the traffic is explained where the help points
+    assert "README" not in help_text
+    anchor = "docs/results.md#calibrating-against-the-simulator"
+    assert anchor in help_text
+    assert "\n## Calibrating against the simulator\n" in (ROOT / "docs" / "results.md").read_text()

@@ -24,11 +24,12 @@ from gateway.bench.traces import (
     MooncakeTrace,
     RecordedTrace,
     block_ids,
+    closed_loop,
     detect_format,
     load_trace,
     message_ids,
 )
-from gateway.bench.workloads import Job, Script, Send, Workload
+from gateway.bench.workloads import Job, Outcome, Script, Send, Workload, make_workload
 from gateway.cli import main
 from gateway.config import load_settings
 from gateway.sim.engine import CACHE_BLOCK_TOKENS
@@ -249,6 +250,47 @@ def test_formats_are_detected():
     assert detect_format(AGENTIC)[0] == "agentic"
     assert detect_format(RECORDED)[0] == "recorded"
     assert isinstance(load_trace(RECORDED), RecordedTrace)
+
+
+# --- closed loop (what calibrate sweeps) ---------------------------------------------------------
+
+def _sends(script) -> list[list[str]]:
+    """Drive a script, answering each Send; the ids of what each Send sent, in order."""
+    sent, value = [], None
+    while True:
+        try:
+            action = script.send(value)
+        except StopIteration:
+            return sent
+        value = None
+        if isinstance(action, Send):
+            sent.append([job.body["id"] for job in action.jobs])
+            value = [Outcome(1) for _ in action.jobs]
+
+
+def test_closed_loop_keeps_a_recorded_sessions_requests_in_order_on_one_client(tmp_path):
+    """A recorded trace's requests grouped by x-session-id, in time order, each sent when the
+    one before is answered; a request without a session is its own; past the end, again."""
+    rows = [("a1", "s1", 0.0), ("b", None, 0.5), ("c1", "s2", 0.7), ("a2", "s1", 0.6),
+            ("a3", "s1", 2.0), ("c2", "s2", 1.0)]
+    path = tmp_path / "sessions.jsonl"
+    path.write_text("".join(json.dumps({
+        "timestamp": t, "path": "/v1/chat/completions",
+        "body": {"id": rid, "messages": [{"role": "user", "content": rid}], "max_tokens": 4},
+        **({"headers": {"x-session-id": sid}} if sid else {})}) + "\n" for rid, sid, t in rows))
+    trace = load_trace(path)
+    closed = closed_loop(trace)
+    assert [_sends(closed.script(i)) for i in range(4)] == [
+        [["a1"], ["a2"], ["a3"]], [["b"]], [["c1"], ["c2"]], [["a1"], ["a2"], ["a3"]]]
+    assert trace.requests == 6 and trace.times is not None  # the times are there, and unused
+
+
+def test_closed_loop_runs_other_traces_and_workloads_as_they_are():
+    mooncake, agentic = MooncakeTrace(MOONCAKE), AgenticTrace(AGENTIC)
+    assert closed_loop(mooncake) is mooncake and mooncake.requests == 8
+    assert closed_loop(agentic) is agentic and agentic.requests == 6  # 3 + 2 + 1 rounds
+    chat = make_workload("chat")
+    assert closed_loop(chat) is chat
 
 
 # --- the CLI ------------------------------------------------------------------------------------
