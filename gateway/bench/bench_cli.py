@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default=",".join(map(str, DEFAULT_LEVELS)),
                         help="levels, comma-separated (default %(default)s)")
     parser.add_argument("--workload", default=None,
-                        help=f"{' | '.join(WORKLOADS)} | file:PATH.jsonl (default seed)")
+                        help=f"{' | '.join(WORKLOADS)} | agent:CLIENT[,human=SCALE] (gateway/bench/agent.py)"
+                             " | file:PATH.jsonl (default seed)")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--requests-per-level", type=int, metavar="N",
                       help="makespan method: N requests per level (default over HTTP: 3 per client)")

@@ -14,12 +14,17 @@ n-th script of a level is the same whichever target runs it.
 - ``chat``: ``/v1/chat/completions``, a shared 200-token system prompt, user prompts of
   50..6000 tokens (log-normal, median ~600) and outputs of 32..1500 (median ~300),
   temperature 0.7.
-- ``agentic``: coding-agent sessions sent with an ``x-session-id`` header: a shared 3000-token
-  system prompt, a per-session context of 1000..6000 tokens, 4..8 turns; each turn appends the
-  user message and the previous answer to the context (so the prompt grows and its prefix is
-  cached where the last turn ran), a think time (tool execution, exponential, mean 2 s) between
-  turns, and in a quarter of the turns a burst of 2..4 parallel sub-requests (sub-agents) whose
-  answers join the context.
+- ``agent``: coding-agent sessions shaped by measured field data (client prefixes, 100k-token
+  contexts, tool and human gaps, compaction, sub-agents, side calls): gateway/bench/agent.py,
+  docs/workloads.md. ``agent:CLIENT[,human=SCALE]`` for one client or compressed human gaps.
+- ``agentic``: the project's invented agent sessions, kept to compare with earlier results (the
+  README's and lab/results' figures were measured on it), not as a model of real agents (their
+  contexts are ~10-30x larger and their bursts rarer: see ``agent``). Sent with an
+  ``x-session-id`` header: a shared 3000-token system prompt, a per-session context of
+  1000..6000 tokens, 4..8 turns; each turn appends the user message and the previous answer to
+  the context (so the prompt grows and its prefix is cached where the last turn ran), a think
+  time (tool execution, exponential, mean 2 s) between turns, and in a quarter of the turns a
+  burst of 2..4 parallel sub-requests (sub-agents) whose answers join the context.
 - ``file:PATH.jsonl``: recorded requests, one JSON object per line:
   ``{"path": "/v1/chat/completions", "body": {...}, "headers": {...}}`` (headers optional).
 
@@ -169,6 +174,9 @@ def _chat_request(seed: int, name: str, index: int) -> tuple[int, str, tuple[int
 
 
 class Agentic(Workload):
+    """The project's invented agent sessions (see the module docstring): kept for comparison
+    with the results measured on it; the ``agent`` workload is the one shaped by field data."""
+
     name = "agentic"
     SYSTEM_TOKENS = 3000
     TURNS = (4, 8)
@@ -269,13 +277,18 @@ class RecordedFile(Workload):
         yield Send([self.jobs[index % len(self.jobs)]])
 
 
-WORKLOADS = ("seed", "chat", "agentic")
+WORKLOADS = ("seed", "chat", "agentic", "agent")
 
 
 def make_workload(spec: str, seed: int = 0, max_tokens: int | None = None) -> Workload:
     if spec.startswith("file:"):
         return RecordedFile(spec[5:], seed, max_tokens)
+    if spec == "agent" or spec.startswith("agent:"):
+        from gateway.bench.agent import make_agent  # it builds on this module
+
+        return make_agent(spec, seed, max_tokens)
     classes: dict[str, type[Workload]] = {"seed": Seed, "chat": Chat, "agentic": Agentic}
     if spec not in classes:
-        raise ValueError(f"unknown workload {spec!r}: one of {', '.join(WORKLOADS)} or file:PATH.jsonl")
+        raise ValueError(f"unknown workload {spec!r}: one of {', '.join(WORKLOADS)}, agent:OPTIONS "
+                         "or file:PATH.jsonl")
     return classes[spec](seed, max_tokens)
