@@ -89,12 +89,32 @@ class QueueFullError(Exception):
 class PrefixCache:
     """Prompt prefixes seen before, LRU by tokens, matched in whole blocks."""
 
+    # Prompts whose keys are remembered: a request's prompt is matched when it is admitted and
+    # inserted when its prefill ends, and hashing a 100k-token agent prompt twice was a third of
+    # a virtual agent level. Only tuples (immutable), by identity, holding them so no other
+    # object takes their id; the oldest is forgotten first (a prompt held here costs 8 bytes a
+    # token: 32 of 100k tokens are 26 MB). A forgotten one is hashed again: the same keys.
+    MEMO_PROMPTS = 32
+
     def __init__(self, capacity_tokens: int) -> None:
         self._capacity_blocks = capacity_tokens // CACHE_BLOCK_TOKENS
         self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._memo: OrderedDict[int, tuple[Sequence[int], list[int]]] = OrderedDict()
+
+    def _keys(self, prompt: Sequence[int]) -> list[int]:
+        if type(prompt) is not tuple:
+            return self._hash_blocks(prompt)
+        memo = self._memo.get(id(prompt))
+        if memo is not None and memo[0] is prompt:
+            return memo[1]
+        keys = self._hash_blocks(prompt)
+        self._memo[id(prompt)] = (prompt, keys)
+        if len(self._memo) > self.MEMO_PROMPTS:
+            self._memo.popitem(last=False)
+        return keys
 
     @staticmethod
-    def _keys(prompt: Sequence[int]) -> list[int]:
+    def _hash_blocks(prompt: Sequence[int]) -> list[int]:
         # Each key hashes the whole prefix up to its block, so a block only matches in context.
         keys, key = [], 0
         for start in range(0, len(prompt) - CACHE_BLOCK_TOKENS + 1, CACHE_BLOCK_TOKENS):
