@@ -132,9 +132,9 @@ class AgentParams:
     # 8.5 against TraceLab's avg 8.8 (1 + 7.8 tool-triggered; tool-triggered p50 1, p90 20,
     # p99 86).
     calls: LogNormal = LogNormal(2, 1.7, 1, 1_000)
-    # Output per call: LogNormal(client median, 1.3) (sigma: the research note's fit, p90
-    # ~1.1k against TraceLab's p90 < 1.7k); the mix's mean ~520 matches TraceLab's 186.9M
-    # output tokens / 357,161 calls = 523. Capped at 8k so that a compaction call still fits.
+    # Output per call: LogNormal(client median, 1.3): the sigma makes the mix's mean ~510,
+    # TraceLab's 186.9M output tokens / 357,161 calls = 523, with p90 ~1.1k (TraceLab: p90
+    # < 1.7k). Capped at 8k so that a compaction call still fits the window.
     output_sigma: float = 1.3
     output_cap: int = 8_192
     # What each call appends after the previous output: the user's message or the tool result
@@ -145,8 +145,8 @@ class AgentParams:
     append: LogNormal = LogNormal(410, 1.42, 1, 32_000)
     # Tool time before a tool-triggered call, fitted to TraceLab session_timing_distribution
     # per call: p50 0.1 s, p90 10 s (sigma = ln(100) / 1.2816); it gives 3.8 % over 1 min
-    # (TraceLab: 4 % of tool calls) but p99 7 min (TraceLab 3.2 min); capped at 600 s as in
-    # the research note's model, which makes the mean 12 s (TraceLab 16.8 s).
+    # (TraceLab: 4 % of tool calls) but p99 7 min (TraceLab 3.2 min); capped at 600 s
+    # (assumption), which makes the mean 12 s (TraceLab 16.8 s).
     tool_gap_s: LogNormal = LogNormal(0.1, math.log(100) / 1.2816, 0.0, 600.0)
     # Human think time before each user request after the first, fitted to TraceLab
     # human_input_wait: p50 ~86 s, p90 ~21 min (sigma = ln(1260 / 86) / 1.2816); it gives 28 %
@@ -167,14 +167,14 @@ class AgentParams:
     # claude-code #73438); each starts from the parent's fixed prefix (sub-agents reuse the
     # parent's system prompt + tools, hpfreilabs) + a ~1k task (assumption), and makes
     # LogNormal(7.3, 0.8) calls, mean 10, so a group averages 2.5 x 10 = 25 requests.
-    # Applied to every client, as in the research note's model (measured on Claude Code only).
+    # Measured on Claude Code; applied to every client (assumption).
     subagent_prob: float = 0.034
     subagent_group: tuple[int, int] = (1, 4)
     subagent_task: LogNormal = LogNormal(1_000, 0.5, 100, 8_000)
     subagent_calls: LogNormal = LogNormal(7.3, 0.8, 1, 200)
-    # Side calls: one small call per user request, input ~500, output ~20, its own short system
-    # prompt (title / topic generation): the research note's model. Here: a 250-token system
-    # prompt fixed per client + the head (<= 250 tokens) of the user's message.
+    # Side calls (assumption, no trace counts them): one small call per user request (title /
+    # topic generation) with its own short system prompt, input ~500, output ~20: a 250-token
+    # system prompt fixed per client + the head (<= 250 tokens) of the user's message.
     side_calls: bool = True
     side_system_tokens: int = 250
     side_user_tokens: int = 250

@@ -116,7 +116,7 @@ def test_new_tokens_per_call(field: AgentChecks) -> None:
     # TraceLab prefix_append_distribution: median 857 (Claude) / 886 (Codex) new tokens per
     # call (the previous output counts as new, as the simulator's cache holds prompts only).
     # Seeds gave 889-918; +-12 % around 870. A resent context without a cached prefix would
-    # be ~90k, an append of the note's original 600-token median ~1.05k.
+    # be ~90k; an append of median 600 (sigma 1.6) gives ~1.1k.
     assert 766 <= statistics.median(new) <= 974
     # The mean is the context growth per call: +1.7-1.8k (TraceLab), +2.2k (vLLM, Codex on
     # SWE-bench Pro); seeds gave 1.69k-1.73k.
