@@ -1,7 +1,8 @@
 """The ``agent`` workload: coding-agent sessions shaped by measured field data (issue 27, item 1).
 
 One script is one developer's session with one coding CLI (Claude Code, Codex, OpenCode or
-Cline), sent as OpenAI chat completions with an ``x-session-id`` header:
+Cline), sent as OpenAI chat completions with an ``x-session-id`` header. One module of ~780
+lines on purpose: every parameter, its source and the generator that uses it are read together.
 
 - the client's **fixed prefix** (system prompt + tool schemas), identical text and token ids in
   every session of that client, then a per-session **preamble** (environment, git status,
