@@ -23,12 +23,13 @@ import dataclasses
 import functools
 import random
 import socket
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.sim import memory as sizing
@@ -142,6 +143,7 @@ class SimServer:
             hardware = sizing.HARDWARE[options.hardware]
             footprint = footprint_of(name, options.sizings()[name], hardware)
         self.saver = MemorySaver(name, self.live, device, footprint, options.resolved_saver(), self._die)
+        self._down = False  # crashed or refusing: no connection is served (_go_down)
         port = options.mtp_port if name == "mtp" else options.plain_port
         self._host = options.host
         self._sock = _bind(options.host, port)
@@ -151,7 +153,7 @@ class SimServer:
                           options.request_header_overrides)
         config = uvicorn.Config(
             self.app.build(options.api_key, options.admin_api_key), lifespan="off",
-            log_level=options.log_level,
+            http=_closed_while_down(lambda: self._down), log_level=options.log_level,
             access_log=False, timeout_graceful_shutdown=1,
         )  # fmt: skip
         self._uvicorn = _Server(config)
@@ -203,6 +205,7 @@ class SimServer:
             return
         if self.saver.dead:
             return  # a dead process does not come back
+        self._down = False
         config = self._uvicorn.config
         protocol = functools.partial(
             cast(_HttpProtocolClass, config.http_protocol_class), config=config,
@@ -215,11 +218,29 @@ class SimServer:
 
 
     def _go_down(self) -> None:
+        self._down = True  # and the connections accepted but not yet made (_closed_while_down)
         for listener in self._uvicorn.servers:
             listener.close()
         for connection in list(self._uvicorn.server_state.connections):
             connection.transport.close()
         self.live.abort(abort_all=True)
+
+
+def _closed_while_down(down: Callable[[], bool]) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (httptools, as "auto" picks it: a dependency of the gateway),
+    closing a connection made while its server is down. asyncio tells a protocol of its
+    connection (connection_made) a loop iteration after making its transport, so a connection
+    accepted just before the server went down was in no list `_go_down` sweeps: it was served
+    after the death, its request waiting forever on the halted engine (a dead process serves
+    nothing)."""
+
+    class SimHttpProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if down():
+                transport.close()
+
+    return SimHttpProtocol
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -9,6 +9,7 @@ import random
 
 import httpx
 import pytest
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.sim import saver as saver_module
 from gateway.sim.engine import Engine, Request
@@ -376,6 +377,24 @@ async def test_a_release_while_requests_run_kills_the_server():
         assert await _is_dead(http, url)
         assert "idle" in pair.servers["plain"].saver.state.cause
         assert (await http.get(pair.urls["mtp"] + "/ping")).status_code == 200  # the other lives
+
+
+async def test_a_connection_accepted_as_the_server_dies_is_dropped_not_served(monkeypatch):
+    # asyncio tells a protocol of its connection a loop iteration after making its transport:
+    # the death comes in between here. An exited process serves nothing; served, the request
+    # waited forever on the halted engine (a turns test's stream hung behind the gateway).
+    async with start_sim_pair(SimOptions(speed=SPEED)) as pair, httpx.AsyncClient(timeout=5) as http:
+        saver, made = pair.servers["plain"].saver, HttpToolsProtocol.connection_made
+
+        def dying_as_made(protocol: HttpToolsProtocol, transport: asyncio.Transport) -> None:
+            saver.die("killed as it accepted a connection")
+            made(protocol, transport)
+
+        monkeypatch.setattr(HttpToolsProtocol, "connection_made", dying_as_made)
+        # dropped without an answer (reset: its request unread), at once, not a ReadTimeout
+        with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
+            await post(http, pair.urls["plain"], "/v1/completions", {**LONG, "stream": False})
+        assert saver.dead
 
 
 async def test_a_release_after_an_in_place_pause_with_requests_running_kills_the_server():

@@ -170,10 +170,10 @@ async def test_the_holder_dying_mid_turn_hands_the_memory_to_the_other():
         await wait_until(lambda: memory_of(gateway).phase == "holding", timeout=15)
         oai = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
 
-        async def long_stream() -> str:
+        async def long_stream(max_tokens: int) -> str:
             try:
                 stream = await oai.chat.completions.create(
-                    model=SERVED, stream=True, max_tokens=3000, extra_body={"ignore_eos": True},
+                    model=SERVED, stream=True, max_tokens=max_tokens, extra_body={"ignore_eos": True},
                     messages=[{"role": "user", "content": "go on"}])
                 async for _ in stream:
                     pass
@@ -181,11 +181,21 @@ async def test_the_holder_dying_mid_turn_hands_the_memory_to_the_other():
                 return f"error {type(exc).__name__}"
             return "whole"
 
-        long_ones = [asyncio.create_task(long_stream()) for _ in range(ROUTING["crossover"])]
+        # Streaming on MTP before the crossover, so the turn finds them running: ~2 s of MTP at
+        # speed 20, which the death cuts short. Started together, a stream without its first
+        # byte at the turn was moved to plain and ran all its tokens there, 8 x 3000 chunks
+        # through the sim, gateway and SDK: 42-57 s of CPU on a loaded 2-core machine, past
+        # the 60 s timeout once.
+        running = [asyncio.create_task(long_stream(3000))
+                   for _ in range(ROUTING["crossover"] - 1)]
+        mtp = gateway.pool.backends["mtp"]
+        await wait_until(lambda: mtp.inflight == len(running) and mtp.not_started == 0,
+                         timeout=15)
+        crossing = asyncio.create_task(long_stream(24))  # the crossover: a turn to plain
         await wait_until(lambda: str(memory_of(gateway).step) == "running_streams(mtp)",
                          timeout=15)
         pair.servers["mtp"].saver.die("killed by the test mid-turn")
-        ended = await asyncio.gather(*long_ones)
+        ended = await asyncio.wait_for(asyncio.gather(crossing, *running), timeout=30)
         await wait_until(lambda: memory_of(gateway).phase == "holding"
                          and memory_of(gateway).holder == "plain", timeout=15)
         # each ends: whole (moved before its first byte, or continued on plain after the
