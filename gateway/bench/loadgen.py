@@ -193,6 +193,14 @@ async def run_http_level(session: aiohttp.ClientSession, target: Target, workloa
     return records, clock()
 
 
+def _client_session(limit: int, request_timeout_s: float) -> aiohttp.ClientSession:
+    """The sweep's one client session: `limit` connections to each target, each request bounded
+    by `request_timeout_s` (a connection by 10 s)."""
+    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit)
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
+
+
 async def run_http_sweep(targets: Sequence[Target], workload_factory: Callable[[], Workload],
                          plans: Sequence[LevelPlan], *, model: str | None = None,
                          api_key: str | None = None, progress: Progress | None = None,
@@ -202,9 +210,7 @@ async def run_http_sweep(targets: Sequence[Target], workload_factory: Callable[[
     drift on the machine (thermal, other tenants) hits every target alike."""
     results: dict[str, list[LevelResult]] = {t.name: [] for t in targets}
     limit = max(p.concurrency for p in plans) * 8 + 16  # agentic bursts exceed C
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit)
-    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with _client_session(limit, request_timeout_s) as session:
         models = {t.name: model or await discover_model(session, t) for t in targets}
         for i, plan in enumerate(plans):
             shift = i % len(targets)
@@ -297,9 +303,7 @@ async def run_http_open_sweep(targets: Sequence[Target], workload_factory: Calla
     results: dict[str, list[OpenLoopResult]] = {t.name: [] for t in targets}
     # max_in_flight bounds the scripts; a session's parallel sub-requests may exceed it a little
     limit = max(r.max_in_flight for r in runs) * 4 + 16
-    connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit)
-    timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=10)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with _client_session(limit, request_timeout_s) as session:
         models = {t.name: model or await discover_model(session, t) for t in targets}
         for i, arrivals in enumerate(runs):
             shift = i % len(targets)
