@@ -187,6 +187,11 @@ class Turns(_Frozen):
     wait_max_s: float = Field(10.0, gt=0)  # ... each at most this long; then a 503
     retry_after_s: int = Field(2, ge=1)  # that 503's Retry-After
     finish_within_s: float = Field(30.0, ge=0)  # running streams finish first within this
+    # Before its pause, the outgoing server's prefix-cache writes to its store (HiCache) settle:
+    # its backup counters unchanged for caches_quiet_s, within keep_caches_within_s (past it the
+    # turn goes on and what is not written is lost). A server without HiCache passes at once.
+    keep_caches_within_s: float = Field(10.0, ge=0)
+    caches_quiet_s: float = Field(0.3, gt=0)
     call_timeout_s: float = Field(10.0, gt=0)  # pause, continue and every probe
     release_timeout_s: float = Field(60.0, gt=0)  # SGLang answers once every rank has released
     resume_timeout_s: float = Field(60.0, gt=0)

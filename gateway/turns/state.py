@@ -39,9 +39,9 @@ Memory = Literal["held", "released", "releasing", "resuming", "unknown", "gone",
 MEMORIES: tuple[Memory, ...] = Memory.__args__  # type: ignore[attr-defined]
 Phase = Literal["discovering", "settling", "holding", "handing", "stuck"]
 PHASES: tuple[Phase, ...] = Phase.__args__  # type: ignore[attr-defined]
-Action = Literal["stop_admitting", "move_unstarted", "running_streams", "pause", "release",
-                 "check_memory", "resume", "continue", "check_ready", "check_speculation",
-                 "end_streams"]
+Action = Literal["stop_admitting", "move_unstarted", "running_streams", "keep_caches", "pause",
+                 "release", "check_memory", "resume", "continue", "check_ready",
+                 "check_speculation", "end_streams"]
 ACTIONS: tuple[Action, ...] = Action.__args__  # type: ignore[attr-defined]
 FAILURE_KINDS: tuple[FailureKind, ...] = FailureKind.__args__  # type: ignore[attr-defined]
 
@@ -128,9 +128,14 @@ def _with(state: PairMemory, role: Role, memory: Memory) -> tuple[tuple[Role, Me
 
 def turn_plan(source: Role, target: Role) -> tuple[Step, ...]:
     """A turn in order (docs/turns.md). The streams go to the target while it is paused: SGLang
-    holds new requests in its tokenizer until /continue_generation (tokenizer_manager.py:938-939)."""
+    holds new requests in its tokenizer until /continue_generation (tokenizer_manager.py:938-939).
+    `keep_caches`: the source, idle and not yet paused, finishes writing its prefix cache to its
+    own store (HiCache): a paused scheduler writes nothing more, the release drops what is not
+    written, and a release while a device-to-host copy of the KV runs kills the server
+    (lab/results/hicache-probe). A server without HiCache passes the step at once."""
     steps = [Step("stop_admitting", source), Step("move_unstarted", source),
-             Step("running_streams", source), Step("pause", source), Step("release", source),
+             Step("running_streams", source), Step("keep_caches", source), Step("pause", source),
+             Step("release", source),
              Step("check_memory", source), Step("resume", target), Step("continue", target),
              Step("check_ready", target)]
     if target == "mtp":  # the draft weights can come back wrong without an error (#31674)

@@ -48,6 +48,8 @@ class StepCalls:
             case "running_streams":
                 await self._continue_running(source, target)
                 await self._running_streams(source)
+            case "keep_caches":
+                await self._keep_caches(saver)
             case "pause":
                 await saver.pause(turns.call_timeout_s)
             case "release":
@@ -98,6 +100,26 @@ class StepCalls:
             deadline = clock() + turns.call_timeout_s
             while source.inflight and clock() < deadline:
                 await asyncio.sleep(TICK_S)
+
+    async def _keep_caches(self, saver: MemorySaver) -> None:
+        """The outgoing server, idle and not paused, writes its prefix cache to its store: wait
+        until its backup counters have not moved for `caches_quiet_s` (its device-to-host
+        copies done, its store writes drained), at most `keep_caches_within_s`."""
+        turns, clock = self.pair.turns, self.pair.clock
+        counts = await saver.cache_backups(turns.call_timeout_s)
+        if counts is None:
+            return  # no HiCache: nothing to keep
+        started = quiet_since = clock()
+        while clock() - quiet_since < turns.caches_quiet_s:
+            if clock() - started >= turns.keep_caches_within_s:
+                log.warning("pair %s: %s still writing its prefix cache after %g s (backed up "
+                            "to host %d tokens, to its store %d): paused now, the rest is lost",
+                            self.pair.name, saver.name, turns.keep_caches_within_s, *counts)
+                return
+            await asyncio.sleep(TICK_S)
+            now = await saver.cache_backups(turns.call_timeout_s)
+            if now is not None and now != counts:
+                counts, quiet_since = now, clock()
 
     async def _check_memory(self) -> None:
         turns, clock = self.pair.turns, self.pair.clock

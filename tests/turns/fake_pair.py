@@ -21,6 +21,8 @@ from starlette.routing import Route
 from tests.live import wait_until
 
 CHUNK_S = 0.004  # one decode step of the fake
+COPY_S = 0.2  # a finished request's pages, GPU to host (with HiCache)
+STORE_S = 0.2  # ... then host to its store, while the scheduler runs
 
 
 @dataclass
@@ -37,8 +39,12 @@ class Device:
 
 
 class FakeServer:
-    def __init__(self, name: str, device: Device, *, holds: bool, accept_length: float | None):
+    def __init__(self, name: str, device: Device, *, holds: bool, accept_length: float | None,
+                 hicache: bool = False):
         self.name = name
+        self.hicache = hicache
+        self.copies = 0  # device-to-host copies running
+        self.host_backups = self.store_backups = self.lost_backups = 0  # tokens
         self.device = device
         self.holds = holds
         self.paused = not holds
@@ -92,6 +98,8 @@ class FakeServer:
                 return answer
             if not self.paused and self.running:
                 return self.die("release while requests run")
+            if self.copies:
+                return self.die("release while a device-to-host copy of the KV runs")
             if not self.holds:
                 return self.die("second release")
             self.holds = False
@@ -164,8 +172,32 @@ class FakeServer:
                 "usage": {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": tokens + 3}}
             yield b"data: " + json.dumps(end).encode() + b"\n\ndata: [DONE]\n\n"
             self.served += 1
+            if self.hicache:
+                asyncio.get_running_loop().create_task(self._back_up(tokens + 3))
         finally:
             self.running -= 1
+
+    async def _back_up(self, tokens: int) -> None:
+        self.copies += 1
+        try:
+            await asyncio.sleep(COPY_S)
+        finally:
+            self.copies -= 1
+        self.host_backups += tokens
+        await self.unpaused.wait()  # a paused scheduler issues no store write
+        await asyncio.sleep(STORE_S)
+        if self.holds:
+            self.store_backups += tokens
+        else:
+            self.lost_backups += tokens  # the release dropped it
+
+    async def metrics(self, request: Request) -> Response:
+        if not self.hicache:
+            return Response(status_code=404)
+        return Response(
+            f'sglang:hicache_backup_tokens_total{{tp_rank="0",pool="kv"}} {self.host_backups}.0\n'
+            f'sglang:backuped_tokens_total{{tp_rank="0"}} {self.store_backups}.0\n'.encode(),
+            media_type="text/plain")
 
     def app(self) -> Starlette:
         return Starlette(routes=[
@@ -175,6 +207,7 @@ class FakeServer:
             Route("/continue_generation", self.continue_, methods=["POST"]),
             Route("/ready", self.ready), Route("/ping", self.ping),
             Route("/server_info", self.server_info), Route("/v1/loads", self.loads),
+            Route("/metrics", self.metrics),
             Route("/generate", self.generate, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
         ])
@@ -205,10 +238,12 @@ async def serving(fake: FakeServer) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def fake_pair(holder: str = "mtp", accept_length: float = 2.0
+async def fake_pair(holder: str = "mtp", accept_length: float = 2.0, hicache: bool = False
                     ) -> AsyncIterator[tuple[Device, dict[str, FakeServer], dict[str, str]]]:
     device = Device()
-    servers = {"mtp": FakeServer("mtp", device, holds=holder == "mtp", accept_length=accept_length),
-               "plain": FakeServer("plain", device, holds=holder == "plain", accept_length=None)}
+    servers = {"mtp": FakeServer("mtp", device, holds=holder == "mtp", accept_length=accept_length,
+                                 hicache=hicache),
+               "plain": FakeServer("plain", device, holds=holder == "plain", accept_length=None,
+                                   hicache=hicache)}
     async with serving(servers["mtp"]) as mtp, serving(servers["plain"]) as plain:
         yield device, servers, {"mtp": mtp, "plain": plain}

@@ -134,6 +134,26 @@ async def test_a_turn_each_way_keeps_every_stream_whole(caplog):
     assert [m for level, m in turns_said if level >= logging.WARNING] == []
 
 
+@pytest.mark.timeout(40)
+async def test_a_turn_lets_the_outgoing_server_write_its_prefix_cache_before_releasing_it():
+    """With HiCache, the source stays idle and unpaused until its caches are in its store: a
+    release while its device-to-host copies run would kill it, and a paused server writes
+    nothing more. (The quiet window is widened past the fake's copy times for a loaded box.)"""
+    async with fake_pair("mtp", hicache=True) as (device, servers, urls), \
+            gateway(urls, caches_quiet_s=1.0) as (runtime, url):
+        await holding(runtime, "mtp")
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            assert await load_then_quiet(client, CROSSOVER + 1) == ["whole"] * (CROSSOVER + 2)
+            await holding(runtime, "plain")
+            await holding(runtime, "mtp")
+            metrics = (await client.get("/metrics")).text
+        assert sum(server.host_backups for server in servers.values()) > 0
+        for server in servers.values():  # everything copied to host reached the store
+            assert (server.store_backups, server.lost_backups) == (server.host_backups, 0)
+        assert metric(metrics, "gateway_memory_turn_step_seconds_count", step="keep_caches") == 2
+        assert_safe(device, servers, runtime)
+
+
 FAILURES = [  # (server, step, fault, the holder after, the failure's kind on /metrics)
     ("mtp", "pause", "error", "mtp", "error"),
     ("mtp", "release", "error", "mtp", "error"),

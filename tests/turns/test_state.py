@@ -82,8 +82,8 @@ def test_a_turn_each_way_in_order_never_both_holding():
     state = begin_turn(holding("mtp"), "plain", 1.0)
     assert state.phase == "handing" and state.admitting is None and state.source == "mtp"
     assert [str(s) for s in state.plan] == [
-        "stop_admitting(mtp)", "move_unstarted(mtp)", "running_streams(mtp)", "pause(mtp)",
-        "release(mtp)", "check_memory(mtp)", "resume(plain)", "continue(plain)",
+        "stop_admitting(mtp)", "move_unstarted(mtp)", "running_streams(mtp)", "keep_caches(mtp)",
+        "pause(mtp)", "release(mtp)", "check_memory(mtp)", "resume(plain)", "continue(plain)",
         "check_ready(plain)"]
     state = run_until(state, "resume")
     assert dict(state.memory) == {"mtp": "released", "plain": "resuming"}  # neither, in doubt
@@ -121,7 +121,7 @@ def test_the_journal_marks_a_release_and_a_resume_in_doubt_before_they_go():
     assert sending(holding()) == holding()  # nothing in doubt outside a call
 
 
-@pytest.mark.parametrize("action", ["move_unstarted", "running_streams", "pause"])
+@pytest.mark.parametrize("action", ["move_unstarted", "running_streams", "keep_caches", "pause"])
 def test_a_failure_before_the_release_rolls_back_to_the_source(action):
     state = run_until(begin_turn(holding(), "plain", 1.0), action)
     state = step_failed(state, "timeout", "no answer", 2.0)

@@ -153,6 +153,9 @@ def parse_loads(loads: Any) -> tuple[int, int] | None:
 # The four memory-saver endpoints are ADMIN_OPTIONAL (utils/auth.py:133-147): `admin_headers`.
 
 ALL_TAGS = b'{"tags":null}'
+# HiCache's backup counters on /metrics (the sample lines: name, labels, value)
+HOST_BACKUPS = (b"sglang:hicache_backup_tokens_total{", b"sglang:hicache_backup_tokens_total ")
+STORE_BACKUPS = (b"sglang:backuped_tokens_total{", b"sglang:backuped_tokens_total ")
 # A short greedy generation to read the accept length after a resume into MTP: with drafts
 # that came back wrong (sglang #31674) it is ~1.0, with good ones near its usual value.
 # Streamed: each event's meta_info carries the request's figures so far, the last one all.
@@ -220,6 +223,27 @@ class MemorySaver:
         except (CallFailed, ValueError, TypeError):
             return None
         return None if loads is None else sum(loads)
+
+    async def cache_backups(self, timeout_s: float) -> tuple[float, float] | None:
+        """Tokens the server has backed up from its GPUs to host memory and from there to its
+        store (HiCache's `sglang:hicache_backup_tokens_total`, every pool, and
+        `sglang:backuped_tokens_total`: observability/metrics_collector.py:2219-2222,
+        :2595-2604), summed over its ranks; None: no HiCache (neither counter) or no metrics."""
+        status, body = await self._call("GET", "/metrics", None, timeout_s, self._user)
+        if status != 200:
+            return None
+        host = store = 0.0
+        seen = False
+        for line in body.splitlines():
+            if line.startswith(HOST_BACKUPS) or line.startswith(STORE_BACKUPS):
+                with contextlib.suppress(ValueError, IndexError):
+                    value = float(line.rsplit(None, 1)[1])
+                    seen = True
+                    if line.startswith(HOST_BACKUPS):
+                        host += value
+                    else:
+                        store += value
+        return (host, store) if seen else None
 
     async def accept_length(self, timeout_s: float) -> float | None:
         """The accept length of one short greedy generation (None: not a speculative server,
