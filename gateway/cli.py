@@ -48,19 +48,25 @@ async def serve(settings: Settings, config_path: Path | None, log_level: str) ->
 
 
 async def demo(settings: Settings, config_path: Path | None, log_level: str,
-               speed: float, memory: str | None = None) -> None:
+               speed: float, memory: str | None = None, engine: str = "sglang") -> None:
     """`memory`: the pair's shape, for the simulated servers and the gateway alike (None: the
-    configuration's). turns: the two share one device and take turns owning it."""
+    configuration's). turns: the two share one device and take turns owning it. `engine`: what
+    the simulated servers speak (SGLang 0.5.23 or vLLM 0.33.0)."""
     from gateway.sim.server import SimOptions, start_sim_pair
 
     if memory is not None:
         settings = settings.model_copy(update={"memory": memory})
     settings = device_time_at_speed(settings, speed)
     shape = settings.memory_of(settings.fleet()[0])
+    if engine == "vllm" and shape == "turns":
+        # The turns controller drives SGLang's memory saver; vLLM's sleep mode is not wired yet.
+        raise ConfigError("demo --engine vllm runs the split pair only: the turns controller "
+                          "does not drive vLLM's sleep mode yet (use --memory split)")
     options = SimOptions(speed=speed, mtp_port=_port(settings.backends.mtp.url),
-                         plain_port=_port(settings.backends.plain.url), memory=shape)
+                         plain_port=_port(settings.backends.plain.url), memory=shape, engine=engine)
     async with start_sim_pair(options) as pair:
-        print(f"simulated SGLang pair ({shape} memory): mtp {pair.urls['mtp']}  "
+        name = "vLLM" if engine == "vllm" else "SGLang"
+        print(f"simulated {name} pair ({shape} memory): mtp {pair.urls['mtp']}  "
               f"plain {pair.urls['plain']}")
         print(f"gateway: http://{settings.listen.host}:{settings.listen.port}/v1  "
               f"(dashboard: /dashboard, metrics: /metrics)")
@@ -148,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_serve_arguments(demo_parser)
     add_speed_argument(demo_parser)
     add_memory_argument(demo_parser)
+    demo_parser.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
+                             help="what the simulated servers speak: SGLang 0.5.23 or vLLM 0.33.0")
     sim_parser = commands.add_parser("sim", help="two simulated SGLang servers (mtp + plain)")
     _add_optional(sim_parser, "gateway.sim.cli")
     for name, module, help_text in (
@@ -167,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 asyncio.run(serve(settings, config_path, args.log_level))
             else:
                 asyncio.run(demo(settings, config_path, args.log_level, args.speed,
-                                 args.memory))
+                                 args.memory, args.engine))
             return 0
         return int(args.run(args))
     except ConfigError as exc:

@@ -17,6 +17,7 @@ from gateway.sim.profile import load_profiles
 from gateway.sim.saver import SaverOptions
 from gateway.sim.server import SimOptions, SimPair, start_sim_pair
 from gateway.sim.speed import add_speed_argument
+from gateway.sim.vllm.app import VllmOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory", choices=("split", "turns"), default="split",
                         help="split: both resident, sharing the GPUs' memory; turns: one device "
                         "they take turns owning (plain parked, MTP holding at start)")
+    vllm = parser.add_argument_group("vLLM (with --engine vllm)")
+    vllm.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
+                      help="what both servers speak: SGLang 0.5.23 or vLLM 0.33.0")
+    vllm.add_argument("--vllm-dev-mode", action="store_true",
+                      help="as VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping (default "
+                      "with --memory turns)")
+    vllm.add_argument("--max-num-seqs", type=int, metavar="N",
+                      help="vLLM's running cap; above the Mamba cache blocks the server does not start")
     saver = parser.add_argument_group("memory saver (SGLang's flags and environment, both servers)")
     saver.add_argument("--enable-memory-saver", action="store_true",
                        help="as SGLang: release/resume move memory (else they only check and flush)")
@@ -84,10 +93,15 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key, faults=faults, admin_api_key=args.admin_api_key,
         max_queued_requests=args.max_queued_requests, enable_response_store=args.enable_response_store,
         request_header_overrides=args.enable_request_header_overrides, saver=_saver_options(args),
-        memory=args.memory,
+        memory=args.memory, engine=args.engine,
+        vllm=VllmOptions(dev_mode=args.vllm_dev_mode or args.memory == "turns",
+                         max_num_seqs=args.max_num_seqs),
     )  # fmt: skip
     try:
         asyncio.run(_serve(options))
+    except ValueError as exc:  # a flag the simulated server refuses at start
+        print(f"sim: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"sim: cannot listen: {exc}", file=sys.stderr)
         return 1
@@ -114,6 +128,7 @@ async def _serve(options: SimOptions) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with start_sim_pair(options) as pair:
         device = "one shared simulated GPU" if options.shared_device else "separate GPUs"
+        device += f", {'vLLM 0.33.0' if options.engine == 'vllm' else 'SGLang 0.5.23'}"
         print(f"sim: mtp   (NEXTN, cap {_cap(pair, 'mtp')}) on {pair.urls['mtp']}")
         print(f"sim: plain (cap {_cap(pair, 'plain')}) on {pair.urls['plain']}")
         print(f"sim: {device}, speed {options.speed:g}x, seed {options.seed}; Ctrl+C stops")

@@ -34,10 +34,12 @@ from uvicorn.server import ServerState
 
 from gateway.sim import memory as sizing
 from gateway.sim.app import ServerIdentity, SimApp
+from gateway.sim.context import ServerContext
 from gateway.sim.engine import Engine
 from gateway.sim.faults import Faults, FaultState
 from gateway.sim.live import Device, LiveEngine
 from gateway.sim.profile import Profile, load_profiles, packaged_timings
+from gateway.sim.responses_store import ResponsesStore
 from gateway.sim.saver import (
     ALL_TAGS,
     HOST_LINK_GBPS,
@@ -48,6 +50,10 @@ from gateway.sim.saver import (
     footprint_of,
     turns_sizings,
 )
+from gateway.sim.vllm.app import VllmApp, VllmOptions, check_max_num_seqs
+from gateway.sim.vllm.sleep import SleepMode
+
+ENGINES = ("sglang", "vllm")
 
 BACKENDS = ("mtp", "plain")
 
@@ -78,8 +84,13 @@ class SimOptions:
     # The memory saver's flags and environment (None: the shape's own, off for split, all on
     # for turns as docker's turns deployment starts them).
     saver: SaverOptions | None = None
+    # Which engine the servers speak: SGLang 0.5.23, or vLLM 0.33.0 (gateway/sim/vllm/).
+    engine: str = "sglang"
+    vllm: VllmOptions = VllmOptions()
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if self.memory not in ("split", "turns"):
             raise ValueError(f"memory must be 'split' or 'turns', not {self.memory!r}")
         if self.hardware not in sizing.HARDWARE:
@@ -89,6 +100,10 @@ class SimOptions:
         if self.saver is not None:
             return self.saver
         link = HOST_LINK_GBPS[self.hardware]
+        if self.engine == "vllm":
+            # --enable-sleep-mode: level 1 copies the weights to a host buffer allocated at each
+            # sleep and dropped at each wake (cumem.py:255-298, :355-360); the CUDA graphs stay.
+            return SaverOptions(enable_memory_saver=True, weights_cpu_backup=True, host_link_gbps=link)
         if self.memory == "split":
             return SaverOptions(host_link_gbps=link)
         return SaverOptions(enable_memory_saver=True, weights_cpu_backup=True, cuda_graph_in_saver=True,
@@ -111,6 +126,9 @@ class SimOptions:
         if self.max_queued_requests is not None:
             limit = self.max_queued_requests
             profiles = {n: dataclasses.replace(p, max_queued_requests=limit) for n, p in profiles.items()}
+        if self.engine == "vllm" and self.vllm.max_num_seqs is not None:
+            seqs = self.vllm.max_num_seqs
+            profiles = {n: dataclasses.replace(p, max_running_requests=seqs) for n, p in profiles.items()}
         return profiles
 
 
@@ -143,21 +161,35 @@ class SimServer:
             hardware = sizing.HARDWARE[options.hardware]
             footprint = footprint_of(name, options.sizings()[name], hardware)
         self.saver = MemorySaver(name, self.live, device, footprint, options.resolved_saver(), self._die)
+        self.sleep_mode: SleepMode | None = None
         self._down = False  # crashed or refusing: no connection is served (_go_down)
         port = options.mtp_port if name == "mtp" else options.plain_port
         self._host = options.host
         self._sock = _bind(options.host, port)
         self.port = self._sock.getsockname()[1]
         identity = ServerIdentity(name, options.host, self.port, options.seed)
-        self.app = SimApp(identity, self.live, self.faults, self.saver, options.enable_response_store,
-                          options.request_header_overrides)
+        if options.engine == "vllm":
+            asgi = self._vllm_app(identity, profile, device, options)
+        else:
+            self.app = SimApp(identity, self.live, self.faults, self.saver, options.enable_response_store,
+                              options.request_header_overrides)
+            asgi = self.app.build(options.api_key, options.admin_api_key)
         config = uvicorn.Config(
-            self.app.build(options.api_key, options.admin_api_key), lifespan="off",
+            asgi, lifespan="off",
             http=_closed_while_down(lambda: self._down), log_level=options.log_level,
             access_log=False, timeout_graceful_shutdown=1,
         )  # fmt: skip
         self._uvicorn = _Server(config)
         self._task: asyncio.Task[None] | None = None
+
+    def _vllm_app(self, identity: ServerIdentity, profile: Profile, device: Device,
+                  options: SimOptions) -> Any:  # fmt: skip
+        """A vLLM 0.33.0 server on the same engine core, device and faults."""
+        check_max_num_seqs(options.vllm.max_num_seqs, profile.mamba_slots)
+        context = ServerContext(identity, self.live, self.faults, ResponsesStore(False), self.saver)
+        self.sleep_mode = SleepMode(self.name, self.live, device, self.saver.footprint, self.saver.options)
+        self.vllm_app = VllmApp(context, self.sleep_mode, options.vllm)
+        return self.vllm_app.build(options.api_key)
 
     @property
     def url(self) -> str:
@@ -189,7 +221,11 @@ class SimServer:
         await self.faults.clear()
 
     async def park(self) -> None:
-        """Pause (abort) and release all memory: how a turns pair parks its first server."""
+        """Pause (abort) and release all memory: how a turns pair parks its first server (a vLLM
+        server sleeps at level 1)."""
+        if self.sleep_mode is not None:
+            await self.sleep_mode.sleep(1, "abort")
+            return
         await self.saver.pause("abort")
         await self.saver.release(ALL_TAGS)
 
