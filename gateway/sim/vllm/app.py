@@ -80,8 +80,23 @@ class VllmApp:
         if self.options.dev_mode:
             routes += [Route("/sleep", self.sleep, methods=["POST"]),
                        Route("/wake_up", self.wake_up, methods=["POST"]),
-                       Route("/is_sleeping", self.is_sleeping, methods=get)]  # fmt: skip
+                       Route("/is_sleeping", self.is_sleeping, methods=get),
+                       Route("/server_info", self.server_info, methods=get)]  # fmt: skip
         return routes
+
+    async def server_info(self, request: Request) -> Response:
+        """dev/server_info/api_router.py:43-60: the engine's configuration (the fields the
+        simulator has), as JSON with ``config_format=json``, else its text."""
+        p = self.context.profile
+        speculative = {"method": "mtp", "num_speculative_tokens": p.num_steps} if p.speculative else None
+        config = {"model_config": {"model": p.served_model_name, "served_model_name": p.served_model_name,
+                                   "max_model_len": p.context_length},
+                  "scheduler_config": {"max_num_seqs": p.effective_max_running,
+                                       "max_num_batched_tokens": p.chunked_prefill_size},
+                  "speculative_config": speculative}  # fmt: skip
+        text = request.query_params.get("config_format", "text") == "text"
+        return json_response({"vllm_config": str(config) if text else config,
+                              "vllm_env": {"VLLM_SERVER_DEV_MODE": True}, "system_env": {}})
 
     async def models(self, request: Request) -> Response:
         """entrypoints/serve/engine/protocol.py:91-121 (ModelCard, ModelPermission)."""

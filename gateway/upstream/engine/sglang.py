@@ -281,21 +281,28 @@ class MemorySaver:
 
     async def _call(self, method: str, path: str, body: bytes | None, timeout_s: float,
                     auth: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
-        headers = [(b"content-type", b"application/json"), *auth] if body is not None else auth
-        try:
-            return await self.upstream.request(method, self.target.url + path, headers, body,
-                                               timeout_s)
-        except UpstreamTimeout as exc:
-            refused = exc.kind == "timeout_connect"
-            raise CallFailed("timeout" if not refused else "gone", f"{self.name} {path}: "
-                             f"{exc.message}", sent=not refused) from None
-        except UpstreamConnectError as exc:
-            # Refused at connect: nothing was sent. Closed before answering: it may have been.
-            refused = exc.message.startswith("cannot connect")
-            raise CallFailed("gone", f"{self.name} {path}: {exc.message}",
-                             sent=not refused) from None
-        except GatewayError as exc:  # broken mid-answer
-            raise CallFailed("gone", f"{self.name} {path}: {exc.message}") from None
+        return await control_call(self.upstream, self.target, self.name, method, path, body,
+                                  timeout_s, auth)
+
+
+async def control_call(upstream: Upstream, target: Backend, name: str, method: str, path: str,
+                       body: bytes | None, timeout_s: float,
+                       auth: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
+    """One control call to a server, its failures as CallFailed (any engine's)."""
+    headers = [(b"content-type", b"application/json"), *auth] if body is not None else auth
+    try:
+        return await upstream.request(method, target.url + path, headers, body, timeout_s)
+    except UpstreamTimeout as exc:
+        refused = exc.kind == "timeout_connect"
+        raise CallFailed("timeout" if not refused else "gone", f"{name} {path}: "
+                         f"{exc.message}", sent=not refused) from None
+    except UpstreamConnectError as exc:
+        # Refused at connect: nothing was sent. Closed before answering: it may have been.
+        refused = exc.message.startswith("cannot connect")
+        raise CallFailed("gone", f"{name} {path}: {exc.message}",
+                         sent=not refused) from None
+    except GatewayError as exc:  # broken mid-answer
+        raise CallFailed("gone", f"{name} {path}: {exc.message}") from None
 
 
 def _message(answer: bytes) -> str:
