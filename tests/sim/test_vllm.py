@@ -13,7 +13,8 @@ from gateway.sim.faults import Faults
 from gateway.sim.profile import load_profiles
 from gateway.sim.server import SimOptions, start_sim_pair
 from gateway.sim.vllm.app import VllmOptions
-from tests.sim.conftest import wait_until
+from gateway.sim.vllm.sleep import sleep_cost_s, wake_cost_s
+from tests.sim.conftest import run_on_loop_clock, wait_until
 
 SPEED = 50
 MODEL = "Qwen/Qwen3.5-122B-A10B"
@@ -110,7 +111,8 @@ async def test_max_tokens_is_clamped_not_refused():
     profiles = {n: dataclasses.replace(p, context_length=40) for n, p in load_profiles().items()}
     async with start_sim_pair(vllm(profiles=profiles)) as pair, httpx.AsyncClient(timeout=10) as http:
         answer = await http.post(pair.urls["plain"] + "/v1/completions",
-                                 json={"prompt": "one two three four", "max_tokens": 10**6, "ignore_eos": True})
+                                 json={"prompt": "one two three four", "max_tokens": 10**6,
+                                       "ignore_eos": True})
     assert answer.status_code == 200
     body = answer.json()
     assert body["choices"][0]["finish_reason"] == "length"
@@ -242,7 +244,8 @@ async def test_sleep_keep_recomputes_running_streams_after_the_wake():
     (prompt and generated tokens) and finish whole."""
     async with start_sim_pair(dev()) as pair, httpx.AsyncClient(timeout=10) as http:
         url, engine = pair.urls["plain"], pair.servers["plain"].live.engine
-        task = asyncio.create_task(http.post(url + "/v1/chat/completions", json={**long(80), "stream": False}))
+        task = asyncio.create_task(http.post(url + "/v1/chat/completions",
+                                             json={**long(80), "stream": False}))
         await wait_until(lambda: engine.stats.generated_tokens >= 5)
         assert (await http.post(url + "/sleep?level=1&mode=keep")).status_code == 200
         assert engine.stats.retracted_requests == 1 and engine.num_running == 0 and not task.done()
@@ -258,10 +261,12 @@ async def test_arrivals_while_asleep_hang_and_health_stays_200():
     async with start_sim_pair(dev()) as pair, httpx.AsyncClient(timeout=10) as http:
         url = pair.urls["plain"]
         await http.post(url + "/sleep")
-        task = asyncio.create_task(http.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 5}))
-        await wait_until(lambda: pair.servers["plain"].live.num_held == 1)
-        await asyncio.sleep(0.2)  # 10 simulated seconds asleep: nothing runs it
-        assert not task.done()
+        task = asyncio.create_task(http.post(url + "/v1/completions",
+                                             json={"prompt": "hello", "max_tokens": 5}))
+        live = pair.servers["plain"].live
+        await wait_until(lambda: live.num_held == 1)
+        # Held in front of the scheduler: nothing but the wake sends it on.
+        assert not task.done() and live.engine.num_running == live.engine.num_waiting == 0
         assert (await http.get(url + "/health")).status_code == 200
         assert 'vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3.5-122B-A10B"} 1.0' in (
             await http.get(url + "/metrics")).text
@@ -386,3 +391,28 @@ async def test_the_sdks_against_sim_engine_vllm():
         assert final.stop_reason in ("end_turn", "max_tokens") and final.usage.output_tokens > 0
         await client.close()
         await claude.close()
+
+
+def test_a_sleep_and_a_wake_take_the_modelled_copy_time():
+    """What a level-1 sleep and its wake cost (not in vLLM's source: the host buffer allocated
+    at each sleep and freed at each wake as device_allocator/cumem.py:265-276, :355-360 do,
+    timed with the SGLang probe's link and allocation figures), on the loop's clock."""
+    run_on_loop_clock(_a_sleep_and_a_wake_take_the_modelled_copy_time)
+
+
+async def _a_sleep_and_a_wake_take_the_modelled_copy_time():
+    clock = asyncio.get_running_loop().time
+    async with start_sim_pair(SimOptions(speed=1, engine="vllm", vllm=VllmOptions(dev_mode=True))) as pair, \
+            httpx.AsyncClient(timeout=60) as http:
+        server = pair.servers["mtp"]
+        expected_sleep = sleep_cost_s(server.saver.footprint, server.saver.options, 1)
+        expected_wake = wake_cost_s(server.saver.footprint, server.saver.options, 1)
+        start = clock()
+        await http.post(pair.urls["mtp"] + "/sleep?level=1")
+        slept = clock() - start
+        start = clock()
+        await http.post(pair.urls["mtp"] + "/wake_up")
+        woke = clock() - start
+    assert expected_sleep > 3 * expected_wake > 3  # the host buffer is allocated at every sleep
+    assert slept == pytest.approx(expected_sleep, abs=0.05)
+    assert woke == pytest.approx(expected_wake, abs=0.05)

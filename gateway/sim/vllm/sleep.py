@@ -39,6 +39,36 @@ DRAIN_POLL_S = 0.005
 WAKE_OOM = "Call to wake_up method failed: CUDA Error: out of memory"
 
 
+def sleep_cost_s(footprint: Footprint, options: SaverOptions, level: int) -> float:
+    """Simulated seconds a sleep at ``level`` (1 or 2) takes: the weights copied to a fresh
+    host buffer (level 1) or dropped (level 2), the KV cache dropped."""
+    return sum(pause_cost_s(tag, footprint.region_gib(tag), options, False, tag == WEIGHTS and level == 1)
+               for tag in SLEEP_TAGS)
+
+
+def wake_cost_s(footprint: Footprint, options: SaverOptions, level: int,
+                tags: tuple[str, ...] = SLEEP_TAGS) -> float:
+    """Simulated seconds a wake of ``tags`` after a sleep at ``level`` takes."""
+    return sum(resume_cost_s(tag, footprint.region_gib(tag), options, tag == WEIGHTS and level == 1)
+               for tag in tags)
+
+
+def costs(hardware: str = "h200") -> dict[str, tuple[float, float]]:
+    """(sleep, wake) seconds at level 1 of each server of a vLLM turns pair on ``hardware``."""
+    from gateway.sim import memory
+    from gateway.sim.saver import footprint_of
+    from gateway.sim.server import SimOptions
+
+    options = SimOptions(engine="vllm", memory="turns", hardware=hardware)
+    saver = options.resolved_saver()
+    result = {}
+    for name, sizing in options.sizings().items():
+        footprint = footprint_of(name, sizing, memory.HARDWARE[hardware])
+        sleep, wake = sleep_cost_s(footprint, saver, 1), wake_cost_s(footprint, saver, 1)
+        result[name] = (round(sleep, 2), round(wake, 2))
+    return result
+
+
 class WakeFailed(Exception):
     """A wake-up the device cannot hold: the engine core's failure message (a 500)."""
 
@@ -78,10 +108,8 @@ class SleepMode:
             self.state.level = level if self.state.level is None else self.state.level
             return  # level 0 pauses only; asleep already: "Executor is already sleeping."
         async with self.live.scheduler:
+            await self._sleep(sleep_cost_s(self.footprint, self.options, level))
             for tag in SLEEP_TAGS:
-                backed_up = tag == WEIGHTS and level == 1
-                gib = self.footprint.region_gib(tag)
-                await self._sleep(pause_cost_s(tag, gib, self.options, False, backed_up))
                 self.device.free(self.name, tag)
             self.state.sleeping_tags = frozenset(SLEEP_TAGS)
             self.state.level = level
@@ -113,9 +141,7 @@ class SleepMode:
                 raise WakeFailed(WAKE_OOM)
             for tag in asleep:
                 self.device.hold(self.name, tag, self.footprint.region_gib(tag))
-                backed_up = tag == WEIGHTS and self.state.level == 1
-                gib = self.footprint.region_gib(tag)
-                await self._sleep(resume_cost_s(tag, gib, self.options, backed_up))
+            await self._sleep(wake_cost_s(self.footprint, self.options, self.state.level or 1, tuple(asleep)))
             if WEIGHTS in asleep and self.state.level == 2 and self.live.engine.profile.speculative:
                 self.live.engine.drafts_broken = True  # reload_weights reloads the target only
             self.state.sleeping_tags = self.state.sleeping_tags - set(asleep)
