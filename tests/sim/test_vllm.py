@@ -416,3 +416,34 @@ async def _a_sleep_and_a_wake_take_the_modelled_copy_time():
     assert expected_sleep > 3 * expected_wake > 3  # the host buffer is allocated at every sleep
     assert slept == pytest.approx(expected_sleep, abs=0.05)
     assert woke == pytest.approx(expected_wake, abs=0.05)
+
+
+async def test_the_gateway_in_front_of_sim_engine_vllm_serves_both_sdks():
+    """`demo --engine vllm` (the split pair): the gateway, still on the SGLang engine module,
+    relays vLLM's bytes to the openai and anthropic SDKs, passes vLLM's 404 on an unknown name
+    through (serve/engine/serving.py:49-83: agents' default names need aliases), and ends with
+    nothing in flight; its SGLang-only probes (/v1/loads) find nothing and it routes on its
+    own counts."""
+    openai = pytest.importorskip("openai")
+    anthropic = pytest.importorskip("anthropic")
+    from tests.conftest import live_gateway
+    from tests.test_gateway_live import settled
+
+    async with start_sim_pair(vllm()) as pair, live_gateway(pair) as gateway:
+        client = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
+        chunks = [c async for c in await client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=12, stream=True, stream_options={"include_usage": True})]
+        assert chunks[0].id.startswith("chatcmpl-") and chunks[-1].usage.completion_tokens == 12
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            await client.chat.completions.create(model="gpt-5-codex", messages=CHAT, max_tokens=5)
+        response = await client.responses.create(model=MODEL, input="hi", max_output_tokens=6)
+        assert response.output_text
+        claude = anthropic.AsyncAnthropic(base_url=gateway.url, api_key="x", max_retries=0)
+        async with claude.messages.stream(model=MODEL, max_tokens=8, messages=CHAT) as stream:
+            final = await stream.get_final_message()
+        assert final.id.startswith("chatcmpl-") and final.usage.output_tokens > 0
+        with pytest.raises(anthropic.NotFoundError):
+            await claude.messages.create(model="claude-sonnet-4-5", max_tokens=8, messages=CHAT)
+        await settled(gateway, 0)
+        await client.close()
+        await claude.close()
