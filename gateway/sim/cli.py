@@ -18,6 +18,7 @@ from gateway.sim.saver import SaverOptions
 from gateway.sim.server import SimOptions, SimPair, start_sim_pair
 from gateway.sim.speed import add_speed_argument
 from gateway.sim.vllm.app import VllmOptions
+from gateway.sim.vllm.dynamic import validate_schedule
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "with --memory turns)")
     vllm.add_argument("--max-num-seqs", type=int, metavar="N",
                       help="vLLM's running cap; above the Mamba cache blocks the server does not start")
+    vllm.add_argument("--num-speculative-tokens", type=int, metavar="K",
+                      help="the MTP server's draft tokens a step (default: the profile's)")
+    vllm.add_argument("--num-speculative-tokens-per-batch-size", type=_schedule, metavar="JSON",
+                      help="the MTP server's dynamic schedule, e.g. '[[1,4,2],[5,512,0]]' (vLLM PR #32374)")
     saver = parser.add_argument_group("memory saver (SGLang's flags and environment, both servers)")
     saver.add_argument("--enable-memory-saver", action="store_true",
                        help="as SGLang: release/resume move memory (else they only check and flush)")
@@ -70,6 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=f'faults of the {name} server at start, as POST /sim/faults takes them, e.g. '
             '\'{"slow_factor": 3}\'',
         )  # fmt: skip
+
+
+def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
+    try:
+        return validate_schedule(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(f"bad schedule {text!r}: {exc}") from exc
 
 
 def _faults(text: str) -> Faults:
@@ -95,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         request_header_overrides=args.enable_request_header_overrides, saver=_saver_options(args),
         memory=args.memory, engine=args.engine,
         vllm=VllmOptions(dev_mode=args.vllm_dev_mode or args.memory == "turns",
-                         max_num_seqs=args.max_num_seqs),
+                         max_num_seqs=args.max_num_seqs, num_speculative_tokens=args.num_speculative_tokens,
+                         draft_schedule=args.num_speculative_tokens_per_batch_size),
     )  # fmt: skip
     try:
         asyncio.run(_serve(options))
@@ -129,7 +142,8 @@ async def _serve(options: SimOptions) -> None:
     async with start_sim_pair(options) as pair:
         device = "one shared simulated GPU" if options.shared_device else "separate GPUs"
         device += f", {'vLLM 0.33.0' if options.engine == 'vllm' else 'SGLang 0.5.23'}"
-        print(f"sim: mtp   (NEXTN, cap {_cap(pair, 'mtp')}) on {pair.urls['mtp']}")
+        head = "MTP" if options.engine == "vllm" else "NEXTN"
+        print(f"sim: mtp   ({head}, cap {_cap(pair, 'mtp')}) on {pair.urls['mtp']}")
         print(f"sim: plain (cap {_cap(pair, 'plain')}) on {pair.urls['plain']}")
         print(f"sim: {device}, speed {options.speed:g}x, seed {options.seed}; Ctrl+C stops")
         sys.stdout.flush()  # whoever started us may be waiting for the URLs on a pipe

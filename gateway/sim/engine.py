@@ -26,7 +26,7 @@ import random
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from gateway.sim.adaptive import AdaptiveSteps
 from gateway.sim.profile import Profile
@@ -80,6 +80,14 @@ class Step:
     prefill_tokens: list[int] = field(default_factory=list)  # per seq, prefill steps only
     aborting: list[_Seq] = field(default_factory=list)  # freed when this step ends
     num_steps: int = 0  # draft steps of a speculative decode step
+
+
+class DraftSteps(Protocol):
+    """Chooses the draft steps of a decode step by its batch, and hears what was accepted."""
+
+    def steps_for(self, batch: int) -> int: ...
+
+    def on_verify(self, batch: int, accepted_drafts: Sequence[int]) -> None: ...
 
 
 class QueueFullError(Exception):
@@ -182,7 +190,7 @@ class EngineStats:
 class Engine:
     """Continuous batching for one backend; see the module docstring for the step protocol."""
 
-    def __init__(self, profile: Profile, rng: random.Random) -> None:
+    def __init__(self, profile: Profile, rng: random.Random, steps: DraftSteps | None = None) -> None:
         self.profile = profile
         self.stats = EngineStats()
         self._rng = rng
@@ -191,8 +199,11 @@ class Engine:
         self._prefilling: list[_Seq] = []  # admitted, prompt partly computed (holds a slot)
         self._running: list[_Seq] = []  # decoding
         self._by_rid: dict[str, _Seq] = {}
-        self._adaptive = (AdaptiveSteps(profile.num_steps, profile.effective_max_running)
-                          if profile.adaptive else None)
+        # Who chooses the draft steps of each decode step: SGLang's --speculative-adaptive, or
+        # a chooser given (vLLM's dynamic schedule, gateway/sim/vllm/dynamic.py); else fixed.
+        self._adaptive: DraftSteps | None = steps
+        if steps is None and profile.adaptive:
+            self._adaptive = AdaptiveSteps(profile.num_steps, profile.effective_max_running)
         self.paused = False  # the scheduler is paused (pause_generation retract / in_place)
         # The draft model's weights came back as garbage (released without a host copy): every
         # draft is rejected, the accept length falls to 1.0 without an error (sglang #31674).

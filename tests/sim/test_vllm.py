@@ -5,14 +5,18 @@ section has every row)."""
 import asyncio
 import dataclasses
 import json
+import random
 
 import httpx
 import pytest
 
+from gateway.sim.engine import Engine
+from gateway.sim.engine import Request as EngineRequest
 from gateway.sim.faults import Faults
 from gateway.sim.profile import load_profiles
 from gateway.sim.server import SimOptions, start_sim_pair
 from gateway.sim.vllm.app import VllmOptions
+from gateway.sim.vllm.dynamic import dense_schedule
 from gateway.sim.vllm.sleep import sleep_cost_s, wake_cost_s
 from tests.sim.conftest import run_on_loop_clock, wait_until
 
@@ -158,7 +162,7 @@ async def test_messages_stream_and_its_end():
 
 
 async def test_info_endpoints_are_vllms():
-    """serve/engine/protocol.py:108-121 (owned_by "vllm", permission), openai/models/
+    """serve/engine/protocol.py:90-121 (owned_by "vllm", permission), openai/models/
     api_router.py:20-25 (no /v1/models/{id}), instrumentator/health.py:22-33,
     sagemaker/api_router.py:91-92, instrumentator/basic.py:53-56."""
     async with start_sim_pair(vllm()) as pair, httpx.AsyncClient(timeout=10) as http:
@@ -447,3 +451,36 @@ async def test_the_gateway_in_front_of_sim_engine_vllm_serves_both_sdks():
         await settled(gateway, 0)
         await client.close()
         await claude.close()
+
+
+def test_the_dynamic_schedule_is_vllms_dense_lookup():
+    """v1/spec_decode/dynamic/utils.py:13-148: the first range starts at 1, a gap and the tail
+    carry the previous k forward, every k is clamped to num_speculative_tokens."""
+    assert dense_schedule([[1, 4, 2], [5, 512, 0]], 8, 2) == [0, 2, 2, 2, 2, 0, 0, 0, 0]
+    assert dense_schedule([[1, 2, 3], [5, 6, 1]], 8, 2) == [0, 2, 2, 2, 2, 1, 1, 1, 1]
+    with pytest.raises(ValueError, match="must start at 1"):
+        dense_schedule([[2, 4, 2]], 8, 2)
+    with pytest.raises(ValueError, match="non-overlapping"):
+        dense_schedule([[1, 4, 2], [4, 8, 1]], 8, 2)
+
+
+def test_a_scheduled_mtp_server_drafts_by_the_number_of_requests():
+    """v1/core/sched/scheduler.py:1709-1714: each step's k is the schedule's at the number of
+    scheduled requests; at k = 0 no draft is proposed (the memory stays the MTP server's)."""
+    options = vllm(vllm=VllmOptions(num_speculative_tokens=2, draft_schedule=((1, 4, 2), (5, 512, 0))))
+    profile = options.resolved_profiles()["mtp"]
+    engine = Engine(profile, random.Random(0), options.draft_steps("mtp", profile))
+
+    def decode_steps(requests: int) -> set[int]:
+        for i in range(requests):
+            engine.submit(EngineRequest(f"{requests}-{i}", [1, 2, 3], 40))
+        seen = set()
+        while (step := engine.begin_step()) is not None:
+            if step.kind == "decode" and len(step.seqs) == requests:
+                seen.add(step.num_steps)
+            engine.finish_step(step)
+        return seen
+
+    assert decode_steps(1) == {2}
+    assert decode_steps(6) == {0}
+    assert profile.effective_max_running == load_profiles()["mtp"].effective_max_running

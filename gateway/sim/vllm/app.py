@@ -38,6 +38,10 @@ class VllmOptions:
 
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping
     max_num_seqs: int | None = None  # --max-num-seqs (None: the profile's running cap)
+    # The MTP server's speculative config: num_speculative_tokens (None: the profile's draft
+    # steps) and num_speculative_tokens_per_batch_size, the dynamic schedule (dynamic.py).
+    num_speculative_tokens: int | None = None
+    draft_schedule: tuple[tuple[int, int, int], ...] | None = None
 
 
 def check_max_num_seqs(max_num_seqs: int | None, mamba_blocks: int | None) -> None:
