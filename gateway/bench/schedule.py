@@ -3,8 +3,11 @@ does, on every target: tokens served over the whole run, and each phase's figure
 
 Each target runs the whole schedule in one simulator (turns and their costs inside it). The
 whole-run figure counts the tokens that reached the clients between the start and the end of
-the last phase (the drain after it is not counted, the same for every target); each phase's
-figures are the steady method's over that phase's window (requests that started in it).
+the last phase, and the turns that began in it; each phase's figures are the steady method's
+over that phase's window (requests that started in it, to their ends). The run stops, the same
+for every target, once the last request that started before the schedule's end has ended: what
+the sessions send after the end is counted nowhere (without the stop, a day of agent sessions
+drained for hours of virtual time after its last phase).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def run_schedule(workload_factory: Callable[[], Workload], phases: Sequence[Phas
         per_phase = [summarise(target.name, phase.concurrency, run.records, run.wall_s, window)
                      for phase, window in zip(phases, windows, strict=True)]
         results.append(ScheduleResult(target.name, tokens_within(run.records, 0.0, end), end,
-                                      per_phase, run.turns))
+                                      per_phase, [t for t in run.turns if t.start < end]))
         if progress:
             progress(target.name)
     return results
