@@ -197,7 +197,8 @@ def run_target_sweep(workload_factory: Callable[[], Workload], plans: Sequence[L
                                   shared_device=shared_device, seed=seed)
                 records, wall = run.records, run.wall_s
                 if turn_log is not None:
-                    turn_log.setdefault(target.name, []).append(run.turns)
+                    turn_log.setdefault(target.name, []).append(  # the level's, not its drain's
+                        [t for t in run.turns if plan.duration_s is None or t.start < plan.duration_s])
             else:
                 records, wall = run_virtual_level(workload_factory(), plan,
                                                   routing_for(target.policy, routing), target.profiles,

@@ -26,7 +26,8 @@ virtual time, as issue 19 orders it:
 **Schedules.** ``4:600,64:600`` keeps 4 clients busy for 600 s, then 64 for 600 s, in one run
 of one simulator: clients beyond the phase's count finish their script and stop; new ones start
 at a phase's beginning. Tokens are counted over the whole run, and each phase's figures over
-its own window; the run stops once every request that started before the end has ended.
+its own window. A schedule's run, or a steady level's, stops once every request that started
+before its end has ended (:class:`gateway.bench.virtual.UntilCounted`).
 
 **Open loop** (``arrivals``, :class:`gateway.bench.arrivals.OpenLoop`): script ``i`` starts at
 its scheduled time ``times[i]`` whatever else runs (a request, or a session closed-loop inside);
@@ -48,7 +49,7 @@ from gateway.bench.arrivals import OpenLoop
 from gateway.bench.flights import Flight, Flights, drive_script
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import ArrivalRecord, RequestRecord, summarise
-from gateway.bench.virtual import AcceptMonitor, route, virtual_pool
+from gateway.bench.virtual import AcceptMonitor, UntilCounted, route, virtual_pool
 from gateway.bench.workloads import Job, Outcome, Workload
 from gateway.config import Role, Routing
 from gateway.routing.backend import BackendState
@@ -129,38 +130,6 @@ def phase_windows(phases: Sequence[Phase]) -> list[tuple[float, float]]:
         windows.append((t, t + phase.seconds))
         t += phase.seconds
     return windows
-
-
-class _ScheduleOver(Exception):
-    """Raised by the event that ends a schedule's run (:class:`_UntilCounted`)."""
-
-
-class _UntilCounted:
-    """A schedule's run ends once every request that started before the schedule's end has
-    ended: its figures count only those requests and the tokens out before the end, so what the
-    sessions send later (hours of it for agent sessions with human gaps) changes none of them.
-    Up to that moment the run is the same event for event as one left to drain."""
-
-    def __init__(self, sim: VirtualSim, end: float) -> None:
-        self.sim, self.end, self.open = sim, end, 0
-        sim.at(end, self.stop_if_counted)
-
-    def track(self, record: RequestRecord, done: Callable[[Outcome], None]) -> Callable[[Outcome], None]:
-        if record.start >= self.end:
-            return done
-        self.open += 1
-
-        def ended(outcome: Outcome) -> None:
-            self.open -= 1
-            done(outcome)
-            if self.open == 0 and self.sim.now >= self.end:  # stop once this event is over
-                self.sim.at(self.sim.now, self.stop_if_counted)
-
-        return ended
-
-    def stop_if_counted(self) -> None:
-        if self.open == 0:
-            raise _ScheduleOver
 
 
 class _Clients:
@@ -462,15 +431,17 @@ def run_virtual(workload: Workload, routing: Routing, profiles: Mapping[str, Pro
     if turns is not None:
         controller = TurnsController(sim, pool, flights, routing, turns, holder=turns.first_holder)
     monitor = AcceptMonitor(sim, pool)
-    counted = _UntilCounted(sim, phase_windows(phases)[-1][1]) if phases else None
+    # where the figures stop counting: a steady level's or a schedule's end (an open loop counts
+    # everything, and a learner carried on learns from the drain too)
+    counted_until = plan.duration_s if plan is not None else phase_windows(phases)[-1][1] if phases else None
+    counted = UntilCounted(sim, None if learned is not None else counted_until)
 
     def send(job: Job, done: Callable[[Outcome], None], start: float | None = None) -> RequestRecord:
         record = RequestRecord(start=sim.now if start is None else start)
         if arrivals is not None:
             record.sent = sim.now
         records.append(record)
-        if counted is not None:
-            done = counted.track(record, done)
+        done = counted.track(record, done)
         if controller is not None:
             controller.send(job, record, done)
             return record
@@ -484,10 +455,7 @@ def run_virtual(workload: Workload, routing: Routing, profiles: Mapping[str, Pro
         open_clients.begin()
     else:
         _Clients(sim, workload, send, plan, phases).begin()
-    try:
-        sim.run_until_idle()
-    except _ScheduleOver:
-        pass
+    counted.run()
     wall = max((r.end for r in records if r.end is not None), default=0.0)
     return RunResult(records, wall, controller.turns if controller else [], sim.step_log,
                      open_clients.records if open_clients else [],

@@ -11,7 +11,8 @@ live), and submits to a
 baselines go through the same router with ``policy: mtp-only`` / ``plain-only``.
 
 Each level runs in a fresh simulator and router, so levels are independent and every figure is
-reproducible bit for bit.
+reproducible bit for bit. A steady level stops once every request that started before its
+duration has ended (:class:`UntilCounted`): what its sessions send later is counted nowhere.
 """
 
 from __future__ import annotations
@@ -77,6 +78,50 @@ class AcceptMonitor:
                                            engine.stats.avg_spec_accept_length or None)
 
 
+class _AllCounted(Exception):
+    """Raised by the event that ends a run once nothing it counts can change."""
+
+
+class UntilCounted:
+    """A run whose figures count only the requests that started before ``end`` (a steady
+    level's duration, a schedule's last phase's end) and the tokens out before it stops once the
+    last of those requests has ended: what its sessions send later (hours of virtual time for
+    agent sessions with human gaps) changes none of them, and up to that moment the run is the
+    same, event for event, as one left to drain. ``end=None``: a run that counts everything
+    (makespan, open loop), or whose drain still matters (a learner carried to the next level),
+    runs until idle."""
+
+    def __init__(self, sim: VirtualSim, end: float | None) -> None:
+        self.sim, self.end, self.open = sim, end, 0
+        if end is not None:
+            sim.at(end, self.stop_if_counted)
+
+    def track(self, record: RequestRecord, done: Callable[[Outcome], None]) -> Callable[[Outcome], None]:
+        """``done`` for a request just sent, counting it while it runs if it started before the end."""
+        end = self.end
+        if end is None or record.start >= end:
+            return done
+        self.open += 1
+
+        def ended(outcome: Outcome) -> None:
+            self.open -= 1
+            done(outcome)
+            if self.open == 0 and self.sim.now >= end:  # stop once this event is over
+                self.sim.at(self.sim.now, self.stop_if_counted)
+
+        return ended
+
+    def stop_if_counted(self) -> None:
+        if self.open == 0:
+            raise _AllCounted
+
+    def run(self) -> None:
+        try:
+            self.sim.run_until_idle()
+        except _AllCounted:
+            pass
+
+
 def route(pool: Pool, flights: Flights, now: float, job: Job, record: RequestRecord,
           done: Callable[[Outcome], None]) -> None:
     """Admit a request through the pool and start it (moves at the flip included)."""
@@ -109,6 +154,7 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
     records: list[RequestRecord] = []
     counters = {"started": 0, "scripts": 0}
     monitor = AcceptMonitor(sim, pool)
+    counted = UntilCounted(sim, plan.duration_s if learned is None else None)
 
     def next_script() -> None:
         if not plan.budget_left(counters["started"], sim.now):
@@ -138,11 +184,11 @@ def run_virtual_level(workload: Workload, plan: LevelPlan, routing: Routing,
         record = RequestRecord(start=sim.now)
         records.append(record)
         monitor()
-        route(pool, flights, sim.now, job, record, done)
+        route(pool, flights, sim.now, job, record, counted.track(record, done))
 
     for _ in range(plan.concurrency):
         sim.at(0.0, next_script)
-    sim.run_until_idle()
+    counted.run()
     wall = max((r.end for r in records if r.end is not None), default=0.0)
     return records, wall
 

@@ -1,12 +1,15 @@
-"""A load that changes within one run (gateway.bench.schedule): a day of agent sessions ends
-soon after its last phase, with the figures a run left to drain every session would report."""
+"""Runs in virtual time whose figures end at a time (a steady level, a schedule): on agent
+sessions they stop soon after it, with the figures a run left to drain every session reports."""
 
 import pytest
 
-from gateway.bench import turns_virtual
+from gateway.bench import virtual
+from gateway.bench.levels import LevelPlan
 from gateway.bench.schedule import run_schedule
-from gateway.bench.targets import build_targets
+from gateway.bench.stats import summarise
+from gateway.bench.targets import build_targets, run_target_sweep
 from gateway.bench.turns_virtual import Phase, TurnModel, phase_windows, run_virtual
+from gateway.bench.virtual import routing_for, run_virtual_level
 from gateway.bench.workloads import make_workload
 from gateway.config import Routing
 
@@ -26,12 +29,19 @@ def targets():
 
 @pytest.fixture
 def drained(monkeypatch):
-    """Runs left to drain until every session has ended, as schedules ran before."""
+    """Runs left to drain until every session has ended, as they ran before."""
     def run(fn):
         with monkeypatch.context() as patch:
-            patch.setattr(turns_virtual._UntilCounted, "stop_if_counted", lambda self: None)
+            patch.setattr(virtual.UntilCounted, "stop_if_counted", lambda self: None)
             return fn()
     return run
+
+
+def _runs_alike(capped, full, end):
+    """Up to the capped run's end the two are the same run, request for request."""
+    def seen(run):
+        return [(r.start, r.end, r.tokens, r.chunk_times) for r in run if r.start < end]
+    assert seen(capped) == seen(full)
 
 
 def test_a_day_of_agent_sessions_stops_when_its_last_counted_request_ends(drained):
@@ -45,9 +55,7 @@ def test_a_day_of_agent_sessions_stops_when_its_last_counted_request_ends(draine
     counted = [r for r in capped.records if r.start < END]
     assert all(r.end is not None for r in counted)
     assert capped.wall_s == max(r.end for r in counted if r.end is not None) < END + 300
-    # up to there it is the same run, request for request
-    assert [(r.start, r.end, r.tokens, r.chunk_times) for r in capped.records if r.start < END] == \
-        [(r.start, r.end, r.tokens, r.chunk_times) for r in full.records if r.start < END]
+    _runs_alike(capped.records, full.records, END)
 
 
 def test_a_day_of_agent_sessions_reports_the_figures_of_a_run_left_to_drain(drained):
@@ -60,3 +68,27 @@ def test_a_day_of_agent_sessions_reports_the_figures_of_a_run_left_to_drain(drai
     assert pair.target == "pair-turns" and pair.turns  # the pair turned within the day
     assert all(turn.start < END for turn in pair.turns)
     assert all(phase.requests > 0 for r in capped for phase in r.phases)
+
+
+def test_a_steady_level_of_agent_sessions_stops_soon_after_its_duration_with_the_same_figures(drained):
+    plan = LevelPlan(4, duration_s=60.0, warmup_s=15.0)
+
+    def level():
+        return run_virtual_level(agent(), plan, routing_for("plain-only", ROUTING), targets()[0].profiles)
+
+    (full, full_wall), (capped, capped_wall) = drained(level), level()
+    assert full_wall > 3600 and capped_wall < 60.0 + 300
+    _runs_alike(capped, full, 60.0)
+    assert summarise("plain", 4, capped, capped_wall, plan.window) == \
+        summarise("plain", 4, full, full_wall, plan.window)
+
+
+def test_a_sweep_on_agent_sessions_reports_the_figures_of_levels_left_to_drain(drained):
+    plans = [LevelPlan(2, duration_s=40.0, warmup_s=10.0), LevelPlan(4, duration_s=40.0, warmup_s=10.0)]
+
+    def sweep():
+        turn_log: dict[str, list[list[object]]] = {}
+        results = run_target_sweep(agent, plans, ROUTING, targets(), turn_log=turn_log)
+        return results, {name: [len(level) for level in levels] for name, levels in turn_log.items()}
+
+    assert drained(sweep) == sweep()
