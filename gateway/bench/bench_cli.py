@@ -30,7 +30,14 @@ import yaml
 
 from gateway.bench import report
 from gateway.bench.arrivals import DEFAULT_MAX_IN_FLIGHT, OpenLoop, arrival_times, poisson_label
-from gateway.bench.levels import DEFAULT_LEVELS, LevelPlan, parse_levels, plan_levels
+from gateway.bench.levels import (
+    DEFAULT_LEVELS,
+    SIM_DURATION_S,
+    SIM_WARMUP_S,
+    LevelPlan,
+    parse_levels,
+    plan_levels,
+)
 from gateway.bench.progress import Progress
 from gateway.bench.stats import LevelResult, OpenLoopResult
 from gateway.bench.targets import ALL_TARGETS, DEFAULT_MEMORY, POLICY_TARGETS, default_targets
@@ -40,8 +47,6 @@ from gateway.config import ConfigError, Routing, build_routing
 from gateway.sim.memory import DEFAULT_HARDWARE, HARDWARE
 from gateway.sim.speed import add_speed_argument
 
-SIM_DURATION_S = 150.0
-SIM_WARMUP_S = 50.0
 # Open loop with a rate and no bound: bench_serving's --num-prompts default (sglang 0.5.23
 # wheel: sglang/benchmark/serving.py:2394-2397).
 OPEN_DEFAULT_ARRIVALS = 1000

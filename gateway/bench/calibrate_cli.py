@@ -4,6 +4,8 @@
         --write config.yaml --profile-out my-profiles.yaml
     mtp-gateway calibrate --mtp URL --plain URL --workload agentic --write config.yaml
     mtp-gateway calibrate --mtp URL --plain URL --trace my-requests.jsonl --write config.yaml
+    mtp-gateway calibrate --sim --memory turns --workload agent --duration 300 --warmup 60 \\
+        --write config.yaml   # the simulated pair in virtual time, no servers
 
 The rule is in gateway/bench/calibrate.py (find_crossover). --write changes only the values of
 routing.crossover (and routing.hysteresis when it no longer fits) in the file, comments kept.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from typing import Any
 import aiohttp
 
 from gateway.bench import report
+from gateway.bench.agent import Agent
 from gateway.bench.calibrate import (
     DEFAULT_OBJECTIVE,
     OBJECTIVES,
@@ -40,13 +43,15 @@ from gateway.bench.calibrate import (
     set_routing_values,
     suggested_hysteresis,
 )
-from gateway.bench.levels import parse_levels, plan_levels
+from gateway.bench.levels import SIM_DURATION_S, SIM_WARMUP_S, LevelPlan, parse_levels, plan_levels
 from gateway.bench.loadgen import Target, _join, run_http_sweep
 from gateway.bench.progress import Progress
 from gateway.bench.stats import LevelResult
 from gateway.bench.traces import FORMATS, Trace, closed_loop, workload_or_trace
 from gateway.bench.workloads import WORKLOADS, Workload, make_workload
-from gateway.sim.memory import HARDWARE
+from gateway.config import Routing
+from gateway.sim.memory import DEFAULT_HARDWARE, HARDWARE
+from gateway.sim.profile import Profile
 from gateway.sim.speed import add_speed_argument
 
 CALIBRATE_LEVELS = "1,2,4,8,16,24,32,48,64,128"
@@ -55,8 +60,15 @@ CALIBRATE_LEVELS = "1,2,4,8,16,24,32,48,64,128"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--mtp", required=True, help="base URL of the MTP (NEXTN) server")
-    parser.add_argument("--plain", required=True, help="base URL of the plain server")
+    parser.add_argument("--mtp", help="base URL of the MTP (NEXTN) server")
+    parser.add_argument("--plain", help="base URL of the plain server")
+    parser.add_argument("--sim", action="store_true",
+                        help="instead of --mtp and --plain: the simulated pair `mtp-gateway sim "
+                             "--hardware HW --memory M` would serve, in virtual time (no HTTP; "
+                             f"steady levels of {SIM_DURATION_S:g} s after {SIM_WARMUP_S:g} s by default)")
+    parser.add_argument("--memory", choices=("split", "turns"), default="split",
+                        help="--sim: the simulated pair's memory, as `mtp-gateway sim --memory` "
+                             "(default %(default)s)")
     parser.add_argument("--concurrency", default=CALIBRATE_LEVELS, help="levels (default %(default)s)")
     source = parser.add_argument_group("what the clients send (one of)")
     source.add_argument("--workload", help=f"{' | '.join(WORKLOADS)} | file:PATH.jsonl (default seed; "
@@ -97,7 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile-out", metavar="PATH", help="save the measured curves as sim profiles")
     parser.add_argument("--hardware", choices=tuple(HARDWARE),
                         help="your GPUs: also estimate, in virtual time, what one server owning them "
-                             "would do (your measured step times, that server's memory) and compare")
+                             "would do (your measured step times, that server's memory) and compare; "
+                             f"--sim: the simulated pair's GPUs too (default {DEFAULT_HARDWARE})")
     parser.add_argument("--single", action="append", default=[], metavar="NAME=JSON",
                         help="a measured single server owning the GPUs to compare with (repeatable): "
                              "the JSON of `mtp-gateway bench --url URL --json JSON`, run while the "
@@ -134,9 +147,9 @@ async def calibrate(args: argparse.Namespace) -> int:
     try:
         _refuse_nonsense(args)
         levels = parse_levels(args.concurrency)
-        plans = plan_levels(levels, args.requests_per_level, args.duration, args.warmup)
         source, name = workload_or_trace(args.workload, args.trace, args.trace_format,
                                          seed=args.seed, max_tokens=args.max_tokens)
+        plans = _plans(args, levels, source)
         singles = _measured_singles(args.single)
         # the starting point, read before the sweep so that a wrong path costs no sweep
         config = args.write or args.config or ("config.yaml" if Path("config.yaml").exists() else None)
@@ -150,17 +163,29 @@ async def calibrate(args: argparse.Namespace) -> int:
     def workload_factory() -> Workload:  # a workload afresh per level; a trace parsed once
         return closed if trace else make_workload(args.workload or "seed", args.seed, args.max_tokens)
 
-    targets = [Target("mtp", args.mtp), Target("plain", args.plain)]
-    infos = {t.name: await _server_info(t.url, args.api_key) for t in targets}
-    caps = {name: parse_server_info(info)[0] if info else None for name, info in infos.items()}
-    progress = Progress(enabled=not args.no_progress)
-    results = await run_http_sweep(targets, workload_factory, plans, model=args.model,
-                                   api_key=args.api_key, progress=progress, speed=args.speed)
-    accept = parse_server_info(infos["mtp"])[1] if infos["mtp"] else None
-    after = await _server_info(args.mtp, args.api_key)  # accept length after the sweep
-    accept = (parse_server_info(after)[1] if after else None) or accept
+    if args.sim:
+        from gateway.sim.server import SimOptions
 
-    print(f"## calibrate: {name}, mtp {args.mtp} vs plain {args.plain}\n")
+        hardware = args.hardware or DEFAULT_HARDWARE
+        simulated = SimOptions(memory=args.memory, hardware=hardware).resolved_profiles()
+        results = _virtual_sweep(workload_factory, plans, current, simulated)
+        infos: dict[str, dict[str, Any]] = {"mtp": {}, "plain": {}}
+        caps = {name: simulated[name].effective_max_running for name in ("mtp", "plain")}
+        accept = None
+        against = f"the simulated pair ({args.memory} memory, {HARDWARE[hardware].label}) in virtual time"
+    else:
+        targets = [Target("mtp", args.mtp), Target("plain", args.plain)]
+        infos = {t.name: await _server_info(t.url, args.api_key) for t in targets}
+        caps = {name: parse_server_info(info)[0] if info else None for name, info in infos.items()}
+        progress = Progress(enabled=not args.no_progress)
+        results = await run_http_sweep(targets, workload_factory, plans, model=args.model,
+                                       api_key=args.api_key, progress=progress, speed=args.speed)
+        accept = parse_server_info(infos["mtp"])[1] if infos["mtp"] else None
+        after = await _server_info(args.mtp, args.api_key)  # accept length after the sweep
+        accept = (parse_server_info(after)[1] if after else None) or accept
+        against = f"mtp {args.mtp} vs plain {args.plain}"
+
+    print(f"## calibrate: {name}, {against}\n")
     if trace:
         print(f"Closed loop on the trace's {trace.requests} requests in its order (arrival times not "
               "used), every level from its first.\n")
@@ -178,7 +203,8 @@ async def calibrate(args: argparse.Namespace) -> int:
                              args.objective)
     print("\n" + outcome.explain())
     json_meta = {
-        "mode": "HTTP calibrate", "workload": None if trace else args.workload or "seed",
+        "mode": "virtual calibrate" if args.sim else "HTTP calibrate",
+        "memory": args.memory if args.sim else None, "workload": None if trace else args.workload or "seed",
         "trace": args.trace, "trace_format": trace.format if trace else None, "speed": args.speed,
         "caps": caps, "accept_length": accept,
         "objective": args.objective, "aggregate_crossing": outcome.aggregate.level,
@@ -232,9 +258,38 @@ async def calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _virtual_sweep(workload_factory: Callable[[], Workload], plans: Sequence[LevelPlan], routing: Routing,
+                   profiles: Mapping[str, Profile]) -> dict[str, list[LevelResult]]:
+    """Each of the simulated pair's servers alone over every level, in virtual time."""
+    from gateway.bench.virtual import run_virtual_sweep
+
+    swept = run_virtual_sweep(workload_factory, plans, routing, profiles,
+                              policies=("mtp-only", "plain-only"))
+    return {role: [replace(r, target=role) for r in swept[f"{role}-only"]] for role in ("mtp", "plain")}
+
+
+def _plans(args: argparse.Namespace, levels: list[int], source: Workload) -> list[LevelPlan]:
+    """The levels' plans; --sim's default is bench --sim's steady method. Agent sessions wait
+    minutes to hours for their users between requests, and a makespan level runs every session
+    it starts to its end: its tok/s would be the users' waits, the same for both servers."""
+    duration, warmup = args.duration, args.warmup
+    if args.sim and duration is None and args.requests_per_level is None:
+        duration, warmup = SIM_DURATION_S, warmup or SIM_WARMUP_S
+    if isinstance(source, Agent) and duration is None:
+        raise ValueError("the agent workload needs --duration S (the steady method): its sessions wait "
+                         "minutes to hours for their users, and a makespan level, which runs every "
+                         "session it starts to its end, would measure those waits, not the servers")
+    return plan_levels(levels, args.requests_per_level, duration, warmup)
+
+
 def _refuse_nonsense(args: argparse.Namespace) -> None:
     """Flags that mean nothing together, or nothing at all, refused with a one-line reason (the
     workload and the trace: workload_or_trace)."""
+    urls = (args.mtp, args.plain)
+    if (args.sim and any(urls)) or (not args.sim and not all(urls)):
+        raise ValueError("give --mtp URL and --plain URL (your servers), or --sim (the simulated pair)")
+    if args.memory != "split" and not args.sim:
+        raise ValueError("--memory is the simulated pair's (--sim); your servers' memory is theirs")
     if args.warmup and args.duration is None:
         raise ValueError("--warmup needs --duration: a makespan level (the default) counts all of it")
     if args.requests_per_level is not None and args.requests_per_level < 1:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128)
 ROUNDS_BY_DEFAULT = 3  # requests per slot when neither a count nor a duration is given
+SIM_DURATION_S = 150.0  # bench --sim's and calibrate --sim's steady level when none is given ...
+SIM_WARMUP_S = 50.0  # ... and the seconds left out at its start
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,15 @@ at 30.0, per-request tok/s at 38.1); the live sweep is in test_calibrate_live.py
 """
 
 import argparse
+import asyncio
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from gateway.bench import calibrate_cli
+from gateway.bench.calibrate import set_routing_values
 from gateway.bench.traces import RecordedSessions
 from gateway.bench.workloads import WORKLOADS
 from gateway.config import load_settings
@@ -86,6 +89,10 @@ TRACES = ROOT / "tests" / "data" / "traces"
     (["--max-tokens", "0"], "--max-tokens must be >= 1"),
     (["--config", "elsewhere.yaml"], "--config and --write name different files"),
     (["--write", "absent/config.yaml"], "cannot read config file absent/config.yaml"),
+    # agent sessions wait minutes to hours for their users: a makespan level would measure that
+    (["--workload", "agent"], "the agent workload needs --duration S (the steady method)"),
+    (["--sim"], "give --mtp URL and --plain URL (your servers), or --sim (the simulated pair)"),
+    (["--memory", "turns"], "--memory is the simulated pair's (--sim)"),
 ])
 async def test_flags_that_mean_nothing_together_are_refused_in_one_line(monkeypatch, tmp_path, capsys,
                                                                          argv, message):
@@ -131,3 +138,28 @@ def test_help_lists_the_workloads_and_says_why_a_trace_runs_closed_loop():
     anchor = "docs/results.md#calibrating-against-the-simulator"
     assert anchor in help_text
     assert "\n## Calibrating against the simulator\n" in (ROOT / "docs" / "results.md").read_text()
+
+
+# --- the simulated pair in virtual time: --sim ----------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_sim_on_agent_sessions_writes_the_crossover_where_plain_overtakes(tmp_path, capsys):
+    """No servers: both of the simulated pair's servers over the agent workload's sessions in
+    virtual time, steady levels (a level stops once its counted requests end, not its sessions)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(set_routing_values((ROOT / "config.yaml").read_text(), {"crossover": 90}))
+    parser = argparse.ArgumentParser()
+    calibrate_cli.add_arguments(parser)
+    args = parser.parse_args(["--sim", "--workload", "agent", "--concurrency", "4,64", "--duration", "30",
+                              "--warmup", "10", "--max-tokens", "16", "--write", str(config)])
+    assert asyncio.run(calibrate_cli.calibrate(args)) == 0
+    out = capsys.readouterr().out
+    assert "## calibrate: agent workload, the simulated pair (split memory, 4x RTX PRO 6000" in out
+    rows = {(int(c), target): float(agg.replace(",", "")) for c, target, agg in
+            re.findall(r"^\| (\d+) \| (mtp|plain) \| [\d.]+ \| ([\d,]+) \|", out, re.M)}
+    assert set(rows) == {(c, t) for c in (4, 64) for t in ("mtp", "plain")}
+    assert rows[64, "plain"] > rows[64, "mtp"]  # plain overtakes MTP at 64 sessions ...
+    chosen = re.search(r"chosen: the aggregate crossing, crossover = (\d+)", out)
+    assert chosen and 1 <= int(chosen[1]) < 64  # ... so a crossover below it is written
+    assert load_settings(config).routing.crossover == int(chosen[1])
+    assert f"written to {config} (the aggregate crossing)" in out
