@@ -170,7 +170,8 @@ async def calibrate(args: argparse.Namespace) -> int:
         simulated = SimOptions(memory=args.memory, hardware=hardware).resolved_profiles()
         results = _virtual_sweep(workload_factory, plans, current, simulated)
         infos: dict[str, dict[str, Any]] = {"mtp": {}, "plain": {}}
-        caps = {name: simulated[name].effective_max_running for name in ("mtp", "plain")}
+        caps: dict[str, int | None] = {role: simulated[role].effective_max_running
+                                       for role in ("mtp", "plain")}
         accept = None
         against = f"the simulated pair ({args.memory} memory, {HARDWARE[hardware].label}) in virtual time"
     else:
