@@ -8,10 +8,13 @@ import ctypes
 import gc
 import logging
 import sys
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from gateway.access_log import log_handler
-from gateway.config import ConfigError, Settings, load_settings
+from gateway.config import ROLES, ConfigError, Settings, load_settings
 from gateway.front.server import GatewayServer, uvicorn_config
 from gateway.sim.speed import add_speed_argument
 
@@ -48,10 +51,15 @@ async def serve(settings: Settings, config_path: Path | None, log_level: str) ->
 
 
 async def demo(settings: Settings, config_path: Path | None, log_level: str,
-               speed: float, memory: str | None = None, engine: str = "sglang") -> None:
+               speed: float, memory: str | None = None, engine: str = "sglang",
+               say: Callable[[str], None] = print) -> None:
     """`memory`: the pair's shape, for the simulated servers and the gateway alike (None: the
-    configuration's). turns: the two share one device and take turns owning it. `engine`: what
-    the simulated servers speak (SGLang 0.5.23 or vLLM 0.33.0)."""
+    configuration's; `auto`, the default, runs the simulated SGLang pair with the memory saver,
+    so the gateway finds it can take turns; a vLLM pair splits). `engine`: what the simulated
+    servers speak (SGLang 0.5.23 or vLLM 0.33.0). Says on the terminal what it waits for, then
+    `ready`."""
+    from gateway.app import create_app
+    from gateway.sim.memory import TURNS_FIRST
     from gateway.sim.server import SimOptions, start_sim_pair
 
     if memory is not None:
@@ -62,15 +70,74 @@ async def demo(settings: Settings, config_path: Path | None, log_level: str,
         # The turns controller drives SGLang's memory saver; vLLM's sleep mode is not wired yet.
         raise ConfigError("demo --engine vllm runs the split pair only: the turns controller "
                           "does not drive vLLM's sleep mode yet (use --memory split)")
+    turns = shape == "turns" or (shape == "auto" and engine == "sglang")
+    sim_memory = "turns" if turns else "split"
     options = SimOptions(speed=speed, mtp_port=_port(settings.backends.mtp.url),
-                         plain_port=_port(settings.backends.plain.url), memory=shape, engine=engine)
+                         plain_port=_port(settings.backends.plain.url), memory=sim_memory,
+                         engine=engine)
+    name = "vLLM" if engine == "vllm" else "SGLang"
+    if sim_memory == "turns":
+        first = TURNS_FIRST
+        second = next(role for role in ROLES if role != first)
+        say(f"starting the simulated SGLang pair with the memory saver: {first} starts and is parked "
+            f"(paused, its memory released: its first release copies its weights to host memory, "
+            f"as SGLang's does: ~{PARK_S / speed:.0f} s at --speed {speed:g}), then {second} starts on the memory "
+            f"{first} freed ...")
+    started = time.monotonic()
     async with start_sim_pair(options) as pair:
-        name = "vLLM" if engine == "vllm" else "SGLang"
-        print(f"simulated {name} pair ({shape} memory): mtp {pair.urls['mtp']}  "
-              f"plain {pair.urls['plain']}")
-        print(f"gateway: http://{settings.listen.host}:{settings.listen.port}/v1  "
-              f"(dashboard: /dashboard, metrics: /metrics)")
-        await serve(settings, config_path, log_level)
+        say(f"simulated {name} pair ({sim_memory} memory, up in {time.monotonic() - started:.1f} s): "
+            f"mtp {pair.urls['mtp']}  plain {pair.urls['plain']}")
+        settings = with_backend_urls(settings, pair.urls)
+        app = create_app(settings, config_path=config_path)
+        server = GatewayServer(uvicorn_config(app, settings, log_level))
+        serving = asyncio.create_task(server.serve())
+        try:
+            url = await _until_ready(server, app.state.runtime, serving, say)
+            say(f"ready: {url}/v1  (dashboard: {url}/dashboard, metrics: {url}/metrics)")
+            await serving
+        finally:
+            server.should_exit = True
+            await asyncio.gather(serving, return_exceptions=True)
+
+
+# Seconds the simulated pair takes to start in turns at --speed 1, most of it the modelled first
+# release of the parked server's weights (gateway/sim/saver.py FIRST_PAUSE_S). Measured: 14.5 and
+# 15.7 s from `mtp-gateway demo --memory turns` to its pair's line, on a shared 2-core box.
+PARK_S = 15.0
+
+
+def with_backend_urls(settings: Settings, urls: Mapping[str, str]) -> Settings:
+    """The demo's gateway pointed at the simulated servers where they listen (a port 0 in the
+    configuration is the port the system gave them)."""
+    backends = settings.backends.model_copy(update={
+        role: settings.backends.get(role).model_copy(update={"url": urls[role]}) for role in ROLES})
+    return settings.model_copy(update={"backends": backends})
+
+
+READY_POLL_S = 0.05
+
+
+async def _until_ready(server: GatewayServer, runtime: Any, serving: asyncio.Task[None],
+                       say: Callable[[str], None]) -> str:
+    """The gateway's URL once it listens and its pair admits; says what it waits for meanwhile."""
+    while not server.started:
+        if serving.done():
+            serving.result()  # what stopped it (a port in use ...)
+            raise SystemExit("mtp-gateway: the gateway stopped before it started")
+        await asyncio.sleep(READY_POLL_S)
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    url = f"http://{host}:{port}"
+    pair = next(iter(runtime.pool.pairs.values()))
+    said = ""
+    while pair.turns is not None and pair.turns.admitting is None:
+        memory = pair.turns.describe()
+        waits = memory.get("reason") or memory.get("stuck") or (
+            f"{memory['phase']} on {memory.get('target') or 'a server'}: {', '.join(memory.get('plan') or [])}")
+        if waits != said:
+            say(f"gateway listening on {url}; its pair does not admit yet: {waits}")
+            said = waits
+        await asyncio.sleep(READY_POLL_S)
+    return url
 
 
 # The turns' waits on the device itself (a release, a resume, the server ready again): the
@@ -135,7 +202,8 @@ def add_memory_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory", choices=("split", "turns"), default=None,
                         help="how the pair shares its GPUs' memory: split (each its share) or "
                         "turns (each sized for all of it, handed over by the gateway with "
-                        "SGLang's memory saver); default: the configuration's `memory`")
+                        "SGLang's memory saver); default: the configuration's `memory` (auto, "
+                        "its default: the simulated pair with the memory saver, so turns)")
 
 
 def _port(url: str) -> int:

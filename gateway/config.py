@@ -25,6 +25,9 @@ PolicyName = Literal["crossover", "mtp-only", "plain-only"]
 # split: each server keeps its share of the GPUs' memory; turns: the two take turns owning
 # all of it (SGLang's memory saver, gateway/turns, docs/architecture.md "A turn's path").
 MemoryShape = Literal["split", "turns"]
+# What the configuration asks: a shape, or auto: turns where both servers report the memory
+# saver in /server_info, split otherwise (gateway/turns/shape.py).
+MemorySetting = Literal["auto", "split", "turns"]
 
 
 class _Frozen(BaseModel):
@@ -118,7 +121,7 @@ class Pair(_Frozen):
     mtp: Backend
     plain: Backend
     routing: dict[str, Any] = Field(default_factory=dict)  # this pair's own routing values
-    memory: MemoryShape | None = None  # None: the top-level `memory`
+    memory: MemorySetting | None = None  # None: the top-level `memory`
     controller_url: str | None = None  # turns: the gateway driving it (None: turns.controller_url)
 
     @field_validator("name")
@@ -236,7 +239,7 @@ class Settings(BaseSettings):
     auth: Auth = Auth()
     monitor: Monitor = Monitor()
     log: Log = Log()
-    memory: MemoryShape = "split"  # every pair's, unless the pair says
+    memory: MemorySetting = "auto"  # every pair's, unless the pair says
     turns: Turns = Turns()
 
     @model_validator(mode="after")
@@ -260,7 +263,7 @@ class Settings(BaseSettings):
         return self.pairs or (Pair(name="default", mtp=self.backends.mtp,
                                    plain=self.backends.plain),)
 
-    def memory_of(self, pair: Pair) -> MemoryShape:
+    def memory_of(self, pair: Pair) -> MemorySetting:
         return pair.memory or self.memory
 
     def controller_of(self, pair: Pair) -> str | None:

@@ -92,6 +92,8 @@ def routing_state(runtime: Any, *, with_urls: bool) -> dict[str, Any]:
     for pair in pairs:  # a turns pair's memory (gateway/turns): who holds it, the turn's step
         driver = pool.pairs[pair["name"]].turns
         pair["memory"] = driver.describe() if driver is not None else {"phase": "split"}
+        # the shape, configured or chosen by `memory: auto`, and why (gateway/turns/shape.py)
+        pair["memory_shape"] = runtime.turns.shape_of(pair["name"]).describe()
     return {
         "ttft": ttft,
         "mode": first["mode"], "mode_for_s": first["mode_for_s"],

@@ -1,6 +1,7 @@
-"""Arrivals that find no server admitting (a turn in progress) wait at the gateway, bounded in
-count and in time (`turns.wait_max_requests`, `turns.wait_max_s`); past either they get a
-503 in their API's shape with Retry-After, never a hang."""
+"""Arrivals that find no server admitting (a turn in progress, a `memory: auto` pair not decided
+yet) wait at the gateway, bounded in count and in time (`turns.wait_max_requests`,
+`turns.wait_max_s`); past either they get a 503 in their API's shape with Retry-After, never
+a hang."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ class WaitingRoom:
                 self.waiting -= 1
 
     def _busy(self, why: str) -> MemoryTurnBusy:
-        return MemoryTurnBusy(f"the pair is handing its GPU memory from one server to the other; "
+        return MemoryTurnBusy(f"no server of the pair admits yet (its GPU memory being handed from "
+                              f"one server to the other, or its memory shape not decided yet); "
                               f"{why}; retry shortly",
                               headers={"retry-after": str(self.retry_after_s)})

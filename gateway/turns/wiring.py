@@ -4,25 +4,32 @@ metrics and the journal. `build_turns` is called once by the app's Runtime."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gateway.config import Role, Settings, Turns
+from gateway.config import Monitor, Pair, Role, Settings, Turns
 from gateway.routing.policy import load_against_crossover
 from gateway.routing.pool import PairState, Pool
+from gateway.turns.auto import AutoShape
 from gateway.turns.decision import NEVER, Holding, LoadSignal, TurnRules, decide_turn, wanted
 from gateway.turns.driver import PairDriver
 from gateway.turns.follow import FollowDriver
 from gateway.turns.handles import PairHandles, Streams
 from gateway.turns.journal import Journal
 from gateway.turns.metrics import TurnMetrics
+from gateway.turns.shape import ShapeChoice, choose_shape
 from gateway.turns.state import PairMemory
 from gateway.turns.waiting import WaitingRoom
 from gateway.upstream.client import Upstream
-from gateway.upstream.engine.sglang import MemorySaver
+from gateway.upstream.engine.probe import SaverReport
+from gateway.upstream.engine.sglang import MemorySaver, read_memory_saver
+
+log = logging.getLogger("mtp_gateway.turns")
 
 
 class LoadWish:
@@ -83,41 +90,76 @@ class LoadWish:
 
 class TurnsRuntime:
     def __init__(self, drivers: dict[str, PairDriver | FollowDriver],
-                 waiting: WaitingRoom | None) -> None:
+                 waiting: WaitingRoom | None, shapes: dict[str, ShapeChoice],
+                 undecided: dict[str, AutoShape] | None = None) -> None:
         self.drivers = drivers
         self.waiting = waiting
+        self.shapes = shapes  # each pair's shape and why, once decided
+        self.undecided = undecided or {}  # `memory: auto` pairs, whose tasks decide
 
     def start(self) -> list[asyncio.Task[None]]:
-        return [asyncio.create_task(driver.run(), name=f"turns-{name}")
-                for name, driver in self.drivers.items()]
+        return [*(asyncio.create_task(driver.run(), name=f"turns-{name}")
+                  for name, driver in self.drivers.items()),
+                *(asyncio.create_task(auto.run(), name=f"memory-auto-{name}")
+                  for name, auto in self.undecided.items())]
 
     def state(self) -> dict[str, Any]:
         return {name: driver.describe() for name, driver in self.drivers.items()}
 
+    def shape_of(self, pair: str) -> ShapeChoice:
+        auto = self.undecided.get(pair)
+        return auto.choice if auto is not None else self.shapes[pair]
+
 
 def build_turns(settings: Settings, pool: Pool, upstream: Upstream, streams: Streams,
                 registry: CollectorRegistry) -> TurnsRuntime:
-    """A driver for every pair with `memory: turns` (none: nothing runs, nothing waits)."""
+    """A driver for every pair with `memory: turns`, a task deciding every `memory: auto`
+    pair's shape (gateway/turns/auto.py); neither: nothing runs, nothing waits."""
     turns = settings.turns
-    pairs = [p for p in settings.fleet() if settings.memory_of(p) == "turns"]
+    shapes = {p.name: choose_shape(settings.memory_of(p), {}) for p in settings.fleet()
+              if settings.memory_of(p) != "auto"}
+    for name, choice in shapes.items():
+        log.info("pair %s: memory %s (%s)", name, choice.shape, choice.reason)
+    pairs = [p for p in settings.fleet() if settings.memory_of(p) != "split"]
     if not pairs:
-        return TurnsRuntime({}, None)
+        return TurnsRuntime({}, None, shapes)
     waiting = WaitingRoom(turns.wait_max_requests, turns.wait_max_s, turns.retry_after_s)
     drivers: dict[str, PairDriver | FollowDriver] = {}
     metrics = TurnMetrics(registry, lambda: drivers, lambda: waiting.waiting)
     journal = Journal(turns.state_file)
-    for spec in pairs:
+
+    def take_turns(spec: Pair) -> PairDriver | FollowDriver:
         name, pair, controller = spec.name, pool.pairs[spec.name], settings.controller_of(spec)
         savers = {role: MemorySaver(upstream, backend.target, backend.name)
                   for role, backend in pair.backends.items()}
         handles = PairHandles(name, pair.backends, savers, streams, turns,
                               on_change=waiting.changed)
+        driver: PairDriver | FollowDriver
         if controller is not None:
-            follower = FollowDriver(handles, upstream, controller)
-            pair.turns = drivers[name] = follower
+            driver = FollowDriver(handles, upstream, controller)
+        else:
+            wish = LoadWish(pool, pair, turns, lambda: waiting.waiting, streams)
+            driver = PairDriver(handles, wish=wish, journal=journal, events=metrics)
+        pair.turns = drivers[name] = driver
+        return driver
+
+    def decided(name: str, choice: ShapeChoice) -> None:
+        shapes[name] = choice
+        waiting.changed()
+
+    undecided: dict[str, AutoShape] = {}
+    for spec in pairs:
+        if settings.memory_of(spec) == "turns":
+            take_turns(spec)
             continue
-        wish = LoadWish(pool, pair, turns, lambda: waiting.waiting, streams)
-        driver = PairDriver(handles, wish=wish, journal=journal, events=metrics)
-        pair.turns = driver
-        drivers[name] = driver
-    return TurnsRuntime(drivers, waiting)
+        pair = pool.pairs[spec.name]
+        pair.turns = undecided[spec.name] = AutoShape(
+            pair, functools.partial(_read_saver, upstream, pair, lambda: settings.monitor),
+            functools.partial(take_turns, spec), functools.partial(decided, spec.name),
+            lambda: settings.monitor.interval_s)
+    return TurnsRuntime(drivers, waiting, shapes, undecided)
+
+
+async def _read_saver(upstream: Upstream, pair: PairState, monitor: Callable[[], Monitor],
+                      role: Role) -> SaverReport:
+    return await read_memory_saver(upstream, pair.backends[role].target, monitor().request_timeout_s)

@@ -3,7 +3,6 @@ gateway/upstream/engine/__init__.py for what this module provides and why it is 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
@@ -13,7 +12,7 @@ from typing import Any
 from gateway.apis.errors import GatewayError, UpstreamConnectError, UpstreamTimeout
 from gateway.config import Backend
 from gateway.upstream.client import Header, Upstream
-from gateway.upstream.engine.probe import FailureKind, Probe
+from gateway.upstream.engine.probe import FailureKind, Probe, SaverReport
 
 log = logging.getLogger("mtp_gateway.relay")
 
@@ -105,6 +104,39 @@ def parse_server_info(info: Any) -> tuple[int | None, float | None]:
     accept = state.get("avg_spec_accept_length")
     return (int(cap) if isinstance(cap, int | float) else None,
             float(accept) if isinstance(accept, int | float) else None)
+
+
+# --enable-memory-saver (arg_groups/fields/exec_.py:58-61, default False): /server_info carries
+# every resolved server argument (http_server.py:863-893, utils/common.py:3589 resolved_dict).
+MEMORY_SAVER_FIELD = "enable_memory_saver"
+
+
+def memory_saver_flag(body: bytes) -> bool | None:
+    """The server's --enable-memory-saver from its /server_info body (None: it does not say)."""
+    try:
+        flag = json.loads(body).get(MEMORY_SAVER_FIELD)
+    except (ValueError, AttributeError):
+        return None
+    return flag if isinstance(flag, bool) else None
+
+
+def memory_saver_report(status: int | None, body: bytes) -> SaverReport:
+    """What a /server_info answer says of the memory saver (status None: no answer). A server
+    without the endpoint (404/405: not SGLang, or its router) answers without saying."""
+    if status is None or (status != 200 and status not in NOT_PROVIDED):
+        return "silent"  # not up yet, or its scheduler busy: asked again
+    flag = memory_saver_flag(body) if status == 200 else None
+    return "unsaid" if flag is None else "on" if flag else "off"
+
+
+async def read_memory_saver(upstream: Upstream, target: Backend, timeout_s: float) -> SaverReport:
+    """Ask one server's /server_info whether it runs with the memory saver."""
+    try:
+        status, body = await upstream.request("GET", target.url + SERVER_INFO, probe_headers(target),
+                                              None, timeout_s)
+    except GatewayError:
+        return "silent"
+    return memory_saver_report(status, body)
 
 
 def usage_by_default(info: Any) -> bool:
@@ -208,11 +240,7 @@ class MemorySaver:
             status, body = await self._call("GET", SERVER_INFO, None, timeout_s, self._user)
         except CallFailed:
             return Probe(alive=True, ready=ready, scheduler_answers=False)
-        saver = None
-        if status == 200:  # every server argument is in it (http_server.py:863-893)
-            with contextlib.suppress(ValueError, AttributeError):
-                flag = json.loads(body).get("enable_memory_saver")
-                saver = flag if isinstance(flag, bool) else None
+        saver = memory_saver_flag(body) if status == 200 else None
         return Probe(alive=True, ready=ready, scheduler_answers=status == 200, memory_saver=saver)
 
     async def busy(self, timeout_s: float) -> int | None:
