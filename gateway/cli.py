@@ -94,7 +94,7 @@ async def demo(settings: Settings, config_path: Path | None, log_level: str,
         try:
             url = await _until_ready(server, app.state.runtime, serving, say)
             say(f"ready: {url}/v1  (dashboard: {url}/dashboard, metrics: {url}/metrics)")
-            await serving
+            await asyncio.shield(serving)  # cancelled (a test's end): a graceful stop below
         finally:
             server.should_exit = True
             await asyncio.gather(serving, return_exceptions=True)
@@ -209,7 +209,8 @@ def add_memory_argument(parser: argparse.ArgumentParser) -> None:
 def _port(url: str) -> int:
     from urllib.parse import urlsplit
 
-    return urlsplit(url).port or 80
+    port = urlsplit(url).port
+    return 80 if port is None else port  # 0: any free port
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,11 +58,12 @@ def half_open(backend: Any) -> bool:
 
 
 def gateway_settings(pair: SimPair | None, **sections: dict[str, Any]) -> Any:
-    data: dict[str, Any] = {"monitor": {"interval_s": 0.05}}
+    # These tests' pairs split their memory (`memory: auto` has its own: tests/turns/test_auto_live.py).
+    data: dict[str, Any] = {"monitor": {"interval_s": 0.05}, "memory": "split"}
     if pair is not None:
         data["backends"] = {name: {"url": url} for name, url in pair.urls.items()}
     for section, values in sections.items():
-        data[section] = {**data.get(section, {}), **values}
+        data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
     return build_settings(data)
 
 

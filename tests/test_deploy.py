@@ -610,8 +610,45 @@ def test_turns_servers_use_the_pinned_releases_flags(compose_turns, compose, rol
     split = _sglang_flags(compose, role)
     saver = {"--enable-memory-saver", "--enable-weights-cpu-backup", "--cuda-graph-backend-prefill",
              "--admin-api-key"}
-    assert {k: v for k, v in flags.items() if k not in saver | {"--mem-fraction-static"}} == {
+    assert {k: v for k, v in flags.items() if k not in saver | PREFIX_STORE | {"--mem-fraction-static"}} == {
         k: v for k, v in split.items() if k != "--mem-fraction-static"}
+
+
+# Each turns server's own prefix store (docs/compat.md, "Keeping the prefix caches across a turn").
+PREFIX_STORE = {"--enable-hierarchical-cache", "--hicache-write-policy", "--hicache-storage-backend",
+                "--hicache-storage-prefetch-policy", "--page-size", "--hicache-size",
+                "--hicache-storage-backend-extra-config"}
+
+
+@pytest.mark.parametrize("role", ["mtp", "plain"])
+def test_turns_servers_keep_their_own_prefix_store_sized_by_the_generator(compose_turns, role):
+    from gateway.sim import memory
+
+    host = memory.hicache_host_memory()[role]
+    svc = compose_turns["services"][SGLANG_SERVICES[role]]
+    flags = _sglang_flags(compose_turns, role)
+    assert PREFIX_STORE <= set(flags) <= _flag_list()
+    assert flags["--enable-hierarchical-cache"] is None
+    # pages in the store before a release; a partial load is worth nothing on a Mamba hybrid
+    assert (flags["--hicache-write-policy"], flags["--hicache-storage-backend"],
+            flags["--hicache-storage-prefetch-policy"]) == ("write_through", "file", "wait_complete")
+    assert flags["--page-size"] == str(memory.HICACHE_PAGE_TOKENS)
+    assert flags["--hicache-size"] == str(host.hicache_size_gb)
+    extra = json.loads(flags["--hicache-storage-backend-extra-config"] or "")
+    assert extra == {"file_storage_path": memory.hicache_directory(role), "max_size": f"{host.l3_cap_gib}Gi"}
+    # its directory is a tmpfs of its own, sized by the table; nothing overrides the path
+    (tmpfs,) = [v for v in svc["volumes"] if isinstance(v, dict) and v["type"] == "tmpfs"]
+    assert tmpfs["target"] == extra["file_storage_path"]
+    assert tmpfs["tmpfs"]["size"] == f"{host.tmpfs_gib}g"
+    assert "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR" not in svc["environment"]
+
+
+def test_turns_servers_never_share_a_prefix_store(compose_turns):
+    flags = {role: _sglang_flags(compose_turns, role) for role in SGLANG_SERVICES}
+    paths = {json.loads(f["--hicache-storage-backend-extra-config"] or "")["file_storage_path"]
+             for f in flags.values()}
+    assert len(paths) == 2  # plain would read MTP's pages (13 layers) as its own KV (12)
+    assert len({f["--page-size"] for f in flags.values()}) == 1
 
 
 @pytest.mark.parametrize("role", ["mtp", "plain"])
@@ -768,6 +805,11 @@ def test_readme_turns_without_docker_matches_compose_turns(compose_turns):
         compose_flags = _sglang_flags(compose_turns, role)
         assert set(flags) == set(compose_flags), role  # the same flags as compose.turns.yaml
         assert flags["--mem-fraction-static"] == compose_flags["--mem-fraction-static"], role
+        assert flags["--hicache-size"] == compose_flags["--hicache-size"], role
+        store = json.loads((flags["--hicache-storage-backend-extra-config"] or "").strip("'"))
+        assert store["max_size"] == json.loads(compose_flags["--hicache-storage-backend-extra-config"]
+                                               or "")["max_size"], role
+        assert store["file_storage_path"].endswith(f"hicache-{role}"), role  # its own directory
     env = compose_turns["services"]["sglang-plain"]["environment"]
     for name in ("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "TMS_RETAIN_CPU_BACKUP", "PYTORCH_CUDA_ALLOC_CONF"):
         assert f"{name}={env[name]}" in text.split("\n")[1], name

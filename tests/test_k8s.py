@@ -593,7 +593,17 @@ def test_turns_gpus_fractions_and_host_memory(turns, compose_turns) -> None:
     hardware = memory.HARDWARE[memory.DEFAULT_HARDWARE]
     assert hardware.gpus == tp
     memory.size_turns(hardware, fractions)  # refuses fractions a resume would not fit
+    host = memory.hicache_host_memory()
+    volumes = {v["name"]: v for v in pod["volumes"]}
     for role, server in (("plain", plain), ("mtp", mtp)):
         retained = (memory.size_server_weights_gib(role, hardware) + memory.CUDA_GRAPHS_GIB) * tp
+        assert host[role].retained_gib >= retained
+        # its host copy, its HiCache host tier and its L3 store (an emptyDir in RAM, counted in
+        # the pod's memory): the host memory table's total
         request = server["resources"]["requests"]["memory"]
-        assert request.endswith("Gi") and float(request[:-2]) >= retained, (role, retained)
+        assert request.endswith("Gi") and float(request[:-2]) >= host[role].total_gib, (role, host[role])
+        (store,) = [m for m in server["volumeMounts"] if m["mountPath"] == memory.hicache_directory(role)]
+        assert volumes[store["name"]]["emptyDir"] == {"medium": "Memory",
+                                                      "sizeLimit": f"{host[role].tmpfs_gib}Gi"}
+    assert len({m["name"] for s in (plain, mtp) for m in s["volumeMounts"]
+                if m["mountPath"].startswith("/hicache")}) == 2  # never one store for both

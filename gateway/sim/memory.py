@@ -35,6 +35,8 @@ gateway.sim.memory``; a test keeps the two equal).
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -535,6 +537,10 @@ def _turns_rows(hws: list[Hardware], turns: list[TurnsSizing],
                                for t in turns]),
         row("host memory for the retained copies (both servers' weights + graphs, whole node)",
             [f"{t.host_gib:.0f} GiB" for t in turns]),
+        *(row(f"{name[role]} server's host memory with its own prefix store (`compose.turns.yaml`: "
+              "retained copy, HiCache host tier, L3 tmpfs)",
+              [_host_memory_cell(host[role], markdown=True)] * len(hws))
+          for host in [hicache_host_memory(tuple(hw.name for hw in hws))] for role in (first, second)),
     ]
 
 
@@ -555,6 +561,8 @@ def compose_sizing(shape: str, hardware_names: tuple[str, ...] = ("rtx-pro-6000"
         hw = HARDWARE[name]
         lines.append(f"#   {hw.label}: F0 = {_gb(hw.free_at_start_gib)} GiB free at the first start")
         lines.extend(_compose_split(hw) if shape == "split" else _compose_turns(hw))
+    if shape == "turns":
+        lines.extend(_host_memory_lines())
     lines.append(COMPOSE_END)
     return "\n".join(lines)
 
@@ -594,6 +602,122 @@ def _compose_turns(hw: Hardware) -> list[str]:
         "(must stay >= 0)",
         f"#     host memory for the two retained weight copies (+ graphs): {turns.host_gib:.0f} GiB",
     ]
+
+
+# --- the turns pair's host memory: weight copies, HiCache host tier, L3 store --------------------
+# Each server of a turns pair keeps its own L3 store of prefix pages, SGLang's file backend on a
+# RAM-backed tmpfs, so that on its next turn its sessions load their context instead of prefilling
+# it (docs/compat.md, "Keeping the prefix caches across a turn": a release flushes the host tier,
+# urc:448-451, and leaves L3 alone). The flags are docker/compose.turns.yaml's; the sizes are here.
+
+HICACHE_PAGE_TOKENS = 64  # --page-size on both servers: one L3 object per 64 tokens per rank
+# The host tier (--hicache-size, GB = 1e9 B per rank process: mem_cache/pool_host/base.py:221-224)
+# is flushed at every release, so it only stages pages: a prefetch may take at most half of it
+# (managers/cache_controller.py:631-636), so it holds twice the longest prefix, the model's context
+# window, in the tier's KV share (the size is split between the KV and Mamba pools in proportion
+# to their device bytes: mem_cache/hybrid_cache/hybrid_pool_assembler.py:239-254).
+HOST_TIER_PREFIXES = 2
+# The L3 store (max_size, per rank's own files: mem_cache/storage/file/lru_file_evictor.py:56-150)
+# holds the sessions at work at a turn, about the session crossover (22, config.yaml) with room,
+# each with its context and a few Mamba states (one per request inserted: one per radix node,
+# mem_cache/unified_cache/components/mamba.py:227-253). Assumptions, not measurements: agent
+# contexts grow to 167k tokens before Claude Code compacts (gateway/bench/agent.py); 64k is taken
+# as a typical one. Past the cap the store evicts its least recently used pages.
+L3_SESSIONS = 32
+L3_CONTEXT_TOKENS = 64_000
+L3_STATES_PER_SESSION = 4
+TMPFS_MARGIN_GIB = 1  # files being written (tmp, then renamed: hicache_storage.py:883-927)
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """One turns server's host memory on its node (all its ranks), and the flags that size it."""
+
+    role: str
+    ranks: int
+    retained_gib: float  # its weights (+ draft) and CUDA graphs, kept by TMS_RETAIN_CPU_BACKUP=1
+    hicache_size_gb: int  # --hicache-size: GB per rank
+    l3_cap_gib: int  # max_size per rank (its own files)
+
+    @property
+    def host_tier_gib(self) -> float:
+        return self.hicache_size_gb * GB * self.ranks / GIB
+
+    @property
+    def tmpfs_gib(self) -> int:
+        """The RAM-backed volume its L3 directory lives on: every rank's cap, and the margin."""
+        return self.l3_cap_gib * self.ranks + TMPFS_MARGIN_GIB
+
+    @property
+    def total_gib(self) -> float:
+        return self.retained_gib + self.host_tier_gib + self.tmpfs_gib
+
+
+def hicache_host_memory(hardware_names: tuple[str, ...] = ("rtx-pro-6000", "h200"),
+                        model: ModelConfig = QWEN35_122B) -> dict[str, HostMemory]:
+    """Each turns server's host memory; one size per role for every hardware named (the deploy
+    files have one): the largest."""
+    hws = [HARDWARE[name] for name in hardware_names]
+    ranks = {hw.gpus for hw in hws}
+    if len(ranks) != 1:
+        raise ValueError(f"one TP size for every hardware, not {sorted(ranks)}")
+    (tp,) = ranks
+    sizings = [size_turns(hw) for hw in hws]
+    memory = {}
+    for role in ("plain", "mtp"):
+        kv_token = model.kv_bytes_per_token(tp, draft=role == "mtp")
+        share = min(s.servers[role].kv_gib / (s.servers[role].kv_gib + s.servers[role].mamba_gib)
+                    for s in sizings)
+        host_tier = HOST_TIER_PREFIXES * model.context_len * kv_token / share
+        l3 = L3_SESSIONS * (L3_CONTEXT_TOKENS * kv_token
+                            + L3_STATES_PER_SESSION * model.mamba_bytes_per_request(tp))
+        retained = max((size_server_weights_gib(role, hw, model=model) + CUDA_GRAPHS_GIB) * hw.gpus
+                       for hw in hws)
+        memory[role] = HostMemory(role, tp, retained, math.ceil(host_tier / GB), math.ceil(l3 / GIB))
+    return memory
+
+
+def hicache_extra_config(memory: HostMemory) -> str:
+    """--hicache-storage-backend-extra-config: the server's own directory and its cap."""
+    return json.dumps({"file_storage_path": hicache_directory(memory.role),
+                       "max_size": f"{memory.l3_cap_gib}Gi"})
+
+
+def hicache_directory(role: str) -> str:
+    """Each server's own L3 directory, on its own tmpfs: never one shared by the two (the plain
+    server would read the MTP server's 13-layer pages as its own 12: docs/compat.md)."""
+    return f"/hicache-{role}"
+
+
+def _host_memory_lines() -> list[str]:
+    memory = hicache_host_memory()
+    model = QWEN35_122B
+    lines = ["#   Host memory per server, either hardware (TP 4): its retained copy, its HiCache host",
+             "#   tier, its L3 store (a tmpfs of its own; docs/compat.md, \"Keeping the prefix caches",
+             "#   across a turn\"):"]
+    for role in ("plain", "mtp"):
+        m = memory[role]
+        lines += [f"#     {role}: {_host_memory_cell(m)}"]
+    tp = memory["plain"].ranks
+    lines += [
+        f"#     the pair: {sum(m.total_gib for m in memory.values()):.0f} GiB of host memory",
+        f"#     (host tier: {HOST_TIER_PREFIXES} x the {model.context_len:,}-token context window; L3: "
+        f"{L3_SESSIONS} sessions x {L3_CONTEXT_TOKENS:,} tokens",
+        f"#     + {L3_STATES_PER_SESSION} Mamba states each; KV {model.kv_bytes_per_token(tp, False):,} "
+        f"(plain) / {model.kv_bytes_per_token(tp, True):,} (MTP) B a token a rank,",
+        f"#     a Mamba state {model.mamba_bytes_per_request(tp):,} B a rank)",
+    ]
+    return lines
+
+
+def _host_memory_cell(m: HostMemory, markdown: bool = False) -> str:
+    """One server's host memory, as a compose comment (two lines) or a Markdown cell."""
+    total = f"{m.total_gib:.1f} GiB"
+    newline, total = (" ", f"**{total}**") if markdown else ("\n#       ", total)
+    return (f"weights{' + draft' if m.role == 'mtp' else ''} + graphs {m.retained_gib:.1f} GiB "
+            f"+ host tier {m.hicache_size_gb} GB x {m.ranks} ranks (--hicache-size) "
+            f"{m.host_tier_gib:.1f} GiB{newline}+ L3 {m.l3_cap_gib} GiB x {m.ranks} ranks (max_size) "
+            f"on a tmpfs of {m.tmpfs_gib} GiB = {total}")
 
 
 TABLE_BEGIN = "<!-- sizing table: generated by `python -m gateway.sim.memory`, do not edit -->"

@@ -1,10 +1,11 @@
 """A pair with `memory: auto`, until its shape is decided (gateway/turns/shape.py), and after.
 
 At start the task reads both servers' `/server_info` every `monitor.interval_s` until
-`choose_shape` decides. Meanwhile no server of the pair admits: once one server has answered,
-arrivals wait at the gateway (bounded, as for a turn), since the one that answered may be a
-parked turns server that would hold them forever; while neither answers there is nothing to wait
-for, and a request gets the gateway's 503 at once. Then:
+`choose_shape` decides. Meanwhile no server of the pair admits (both are parked, so the monitor
+leaves them to this task): once one server has answered, arrivals wait at the gateway (bounded,
+as for a turn), since the one that answered may be a parked turns server that would hold them
+forever; while neither answers there is nothing to wait for, and a request gets the gateway's
+503 at once. Then:
 
 - turns: the pair gets its turns driver (or a follower of its controller), which settles it
   from fresh probes as at any start (gateway/turns/discovery.py);
@@ -50,6 +51,7 @@ class AutoShape:
         self.interval_s = interval_s
         self.reports: dict[Role, SaverReport] = dict.fromkeys(ROLES, "silent")
         self.choice = choose_shape("auto", self.reports)
+        self._park(True)  # either may be a parked turns server: neither is admitted to yet
 
     # --- the gate the pool reads while undecided (gateway/routing/pair.MemoryGate) -----------
 
@@ -82,7 +84,12 @@ class AutoShape:
         self.choice = choice
         if choice.shape == "split":
             self.pair.turns = None
+            self._park(False)
         self.decided(choice)
+
+    def _park(self, parked: bool) -> None:
+        for backend in self.pair.backends.values():
+            backend.set_parked(parked)
 
     async def _read(self) -> ShapeChoice:
         found = await asyncio.gather(*(self.read(role) for role in ROLES))

@@ -1,37 +1,74 @@
-"""`mtp-gateway demo --memory turns` runs the simulated pair in turns mode and the gateway
-with `memory: turns`; `mtp-gateway sim --memory` takes the same two shapes."""
+"""`mtp-gateway demo` runs the simulated pair with the memory saver and the gateway on
+`memory: auto`, which takes turns; it says on the terminal what it waits for, then `ready` once
+a request is served. `--memory split` runs the split pair. `mtp-gateway sim --memory` takes the
+same two shapes."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
 
+import httpx
 import pytest
 
 from gateway import cli
 from gateway.config import build_settings
+from tests.live import wait_until
 
 
-@pytest.mark.timeout(30)
-async def test_demo_with_turns_memory_starts_a_turns_pair(monkeypatch):
-    seen: dict[str, Any] = {}
-
-    async def serve(settings, config_path, log_level):  # instead of serving forever
-        seen["memory"] = settings.memory_of(settings.fleet()[0])
-
-    monkeypatch.setattr(cli, "serve", serve)
-    monkeypatch.setattr(cli, "_port", lambda url: 0)  # any free port
-    from gateway.sim import server as sim_server
-    started = sim_server.start_sim_pair
-
-    def start(options):
-        seen["sim"] = options.memory
-        return started(options)
-
-    monkeypatch.setattr(sim_server, "start_sim_pair", start)
-    settings = build_settings({"backends": {"mtp": {"url": "http://127.0.0.1:0"},
+async def _demo_until_ready(memory: str | None) -> tuple[list[str], str, asyncio.Task[None]]:
+    """The demo in this loop, every port the system's: its terminal lines up to `ready`."""
+    lines: list[str] = []
+    settings = build_settings({"listen": {"port": 0}, "auth": {"admin_key": "admin"},
+                               "backends": {"mtp": {"url": "http://127.0.0.1:0"},
                                             "plain": {"url": "http://127.0.0.1:0"}}})
-    await cli.demo(settings, None, "warning", speed=200, memory="turns")
-    assert seen == {"memory": "turns", "sim": "turns"}
+    task = asyncio.create_task(cli.demo(settings, None, "warning", speed=200, memory=memory,
+                                        say=lines.append))
+    await wait_until(lambda: task.done() or any(line.startswith("ready: ") for line in lines),
+                     timeout=20)
+    if task.done():
+        task.result()
+    url = lines[-1].removeprefix("ready: ").split()[0].removesuffix("/v1")
+    return lines, url, task
+
+
+@pytest.mark.timeout(40)
+async def test_demo_by_default_starts_a_turns_pair_says_what_it_waits_for_and_is_ready_when_it_says():
+    lines, url, task = await _demo_until_ready(None)
+    try:
+        # What the silent seconds were: the parked server's first release, said before it began.
+        assert "parked" in lines[0] and "release" in lines[0]
+        assert lines[1].startswith("simulated SGLang pair (turns memory")
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            # `ready` means a request is served at once, by the server holding the memory.
+            answer = await client.post("/v1/chat/completions", json={
+                "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            state = (await client.get("/admin/state",
+                                      headers={"authorization": "Bearer admin"})).json()
+        assert answer.status_code == 200 and answer.headers["x-gateway-backend"] == "mtp"
+        pair = state["pairs"][0]
+        assert pair["memory_shape"]["setting"] == "auto"
+        assert pair["memory_shape"]["shape"] == "turns"
+        assert pair["memory"]["holder"] == "mtp"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.timeout(40)
+async def test_demo_with_split_memory_runs_split_and_waits_for_no_park():
+    lines, url, task = await _demo_until_ready("split")
+    try:
+        assert not any("parked" in line for line in lines)
+        assert lines[0].startswith("simulated SGLang pair (split memory")
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            state = (await client.get("/admin/state",
+                                      headers={"authorization": "Bearer admin"})).json()
+        assert state["pairs"][0]["memory_shape"] == {
+            "setting": "split", "shape": "split", "reason": "memory: split in the configuration"}
+        assert state["pairs"][0]["memory"] == {"phase": "split"}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 @pytest.mark.parametrize("command", ["demo", "sim"])

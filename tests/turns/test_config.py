@@ -1,4 +1,4 @@
-"""`memory: split | turns`, per pair or for all, and the `turns` section's bounds."""
+"""`memory: auto | split | turns`, per pair or for all, and the `turns` section's bounds."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from gateway.config import ConfigError, build_settings
 PAIR = {"mtp": {"url": "http://a:1"}, "plain": {"url": "http://a:2"}}
 
 
-def test_split_unless_said():
+def test_auto_unless_said():
     settings = build_settings({})
-    assert [settings.memory_of(p) for p in settings.fleet()] == ["split"]
+    assert [settings.memory_of(p) for p in settings.fleet()] == ["auto"]
 
 
 def test_the_top_level_shape_is_every_pairs_unless_the_pair_says():
