@@ -79,10 +79,10 @@ async def demo(settings: Settings, config_path: Path | None, log_level: str,
     if sim_memory == "turns":
         first = TURNS_FIRST
         second = next(role for role in ROLES if role != first)
-        say(f"starting the simulated SGLang pair with the memory saver: {first} starts and is parked "
-            f"(paused, its memory released: its first release copies its weights to host memory, "
-            f"as SGLang's does: ~{PARK_S / speed:.0f} s at --speed {speed:g}), then {second} starts on the memory "
-            f"{first} freed ...")
+        say(f"starting the simulated SGLang pair with the memory saver: {first} starts and is "
+            f"parked (paused, its memory released: its first release copies its weights to host "
+            f"memory, as SGLang's does: ~{PARK_S / speed:.0f} s at --speed {speed:g}), then "
+            f"{second} starts on the memory {first} freed ...")
     started = time.monotonic()
     async with start_sim_pair(options) as pair:
         say(f"simulated {name} pair ({sim_memory} memory, up in {time.monotonic() - started:.1f} s): "
@@ -101,8 +101,8 @@ async def demo(settings: Settings, config_path: Path | None, log_level: str,
 
 
 # Seconds the simulated pair takes to start in turns at --speed 1, most of it the modelled first
-# release of the parked server's weights (gateway/sim/saver.py FIRST_PAUSE_S). Measured: 14.5 and
-# 15.7 s from `mtp-gateway demo --memory turns` to its pair's line, on a shared 2-core box.
+# release of the parked server's weights (gateway/sim/saver.py FIRST_PAUSE_S). Measured: the
+# demo's own figure on its pair's line, `up in 14.7 s` (`mtp-gateway demo`, a shared 2-core box).
 PARK_S = 15.0
 
 
@@ -131,8 +131,9 @@ async def _until_ready(server: GatewayServer, runtime: Any, serving: asyncio.Tas
     said = ""
     while pair.turns is not None and pair.turns.admitting is None:
         memory = pair.turns.describe()
+        plan = ", ".join(memory.get("plan") or [])
         waits = memory.get("reason") or memory.get("stuck") or (
-            f"{memory['phase']} on {memory.get('target') or 'a server'}: {', '.join(memory.get('plan') or [])}")
+            f"{memory['phase']} on {memory.get('target') or 'a server'}: {plan}")
         if waits != said:
             say(f"gateway listening on {url}; its pair does not admit yet: {waits}")
             said = waits

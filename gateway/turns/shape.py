@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.config import ROLES, MemoryShape, MemorySetting, Role
+from gateway.config import ROLES, MemorySetting, MemoryShape, Role
 from gateway.upstream.engine.probe import SaverReport
 
 _WHY_NOT = {"off": "runs without --enable-memory-saver",
