@@ -90,25 +90,26 @@ class LoadWish:
 
 class TurnsRuntime:
     def __init__(self, drivers: dict[str, PairDriver | FollowDriver],
-                 waiting: WaitingRoom | None, shapes: dict[str, ShapeChoice],
-                 undecided: dict[str, AutoShape] | None = None) -> None:
+                 waiting: WaitingRoom | None, configured: dict[str, ShapeChoice],
+                 auto: dict[str, AutoShape] | None = None) -> None:
         self.drivers = drivers
         self.waiting = waiting
-        self.shapes = shapes  # each pair's shape and why, once decided
-        self.undecided = undecided or {}  # `memory: auto` pairs, whose tasks decide
+        self.configured = configured  # the pairs whose shape the configuration forces
+        self.auto = auto or {}  # the `memory: auto` pairs, each with the task that decides it
 
     def start(self) -> list[asyncio.Task[None]]:
         return [*(asyncio.create_task(driver.run(), name=f"turns-{name}")
                   for name, driver in self.drivers.items()),
                 *(asyncio.create_task(auto.run(), name=f"memory-auto-{name}")
-                  for name, auto in self.undecided.items())]
+                  for name, auto in self.auto.items())]
 
     def state(self) -> dict[str, Any]:
         return {name: driver.describe() for name, driver in self.drivers.items()}
 
     def shape_of(self, pair: str) -> ShapeChoice:
-        auto = self.undecided.get(pair)
-        return auto.choice if auto is not None else self.shapes[pair]
+        """The pair's shape and why (undecided yet: shape None)."""
+        auto = self.auto.get(pair)
+        return auto.choice if auto is not None else self.configured[pair]
 
 
 def build_turns(settings: Settings, pool: Pool, upstream: Upstream, streams: Streams,
@@ -116,13 +117,13 @@ def build_turns(settings: Settings, pool: Pool, upstream: Upstream, streams: Str
     """A driver for every pair with `memory: turns`, a task deciding every `memory: auto`
     pair's shape (gateway/turns/auto.py); neither: nothing runs, nothing waits."""
     turns = settings.turns
-    shapes = {p.name: choose_shape(settings.memory_of(p), {}) for p in settings.fleet()
-              if settings.memory_of(p) != "auto"}
-    for name, choice in shapes.items():
+    configured = {p.name: choose_shape(settings.memory_of(p), {}) for p in settings.fleet()
+                  if settings.memory_of(p) != "auto"}
+    for name, choice in configured.items():
         log.info("pair %s: memory %s (%s)", name, choice.shape, choice.reason)
     pairs = [p for p in settings.fleet() if settings.memory_of(p) != "split"]
     if not pairs:
-        return TurnsRuntime({}, None, shapes)
+        return TurnsRuntime({}, None, configured)
     waiting = WaitingRoom(turns.wait_max_requests, turns.wait_max_s, turns.retry_after_s)
     drivers: dict[str, PairDriver | FollowDriver] = {}
     metrics = TurnMetrics(registry, lambda: drivers, lambda: waiting.waiting)
@@ -143,21 +144,17 @@ def build_turns(settings: Settings, pool: Pool, upstream: Upstream, streams: Str
         pair.turns = drivers[name] = driver
         return driver
 
-    def decided(name: str, choice: ShapeChoice) -> None:
-        shapes[name] = choice
-        waiting.changed()
-
-    undecided: dict[str, AutoShape] = {}
+    auto: dict[str, AutoShape] = {}
     for spec in pairs:
         if settings.memory_of(spec) == "turns":
             take_turns(spec)
             continue
         pair = pool.pairs[spec.name]
-        pair.turns = undecided[spec.name] = AutoShape(
+        pair.turns = auto[spec.name] = AutoShape(
             pair, functools.partial(_read_saver, upstream, pair, lambda: settings.monitor),
-            functools.partial(take_turns, spec), functools.partial(decided, spec.name),
+            functools.partial(take_turns, spec), lambda _choice: waiting.changed(),
             lambda: settings.monitor.interval_s)
-    return TurnsRuntime(drivers, waiting, shapes, undecided)
+    return TurnsRuntime(drivers, waiting, configured, auto)
 
 
 async def _read_saver(upstream: Upstream, pair: PairState, monitor: Callable[[], Monitor],

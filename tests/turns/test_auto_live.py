@@ -96,7 +96,7 @@ async def test_a_server_not_answering_yet_is_waited_for_and_no_request_goes_anyw
             auto_gateway(pair.urls, turns={"wait_max_s": 20, "check_memory": False}) as gateway, \
             httpx.AsyncClient(base_url=gateway.url) as client:
         # plain (parked, paused) answers with the memory saver on; mtp does not answer
-        await wait_until(lambda: gateway.runtime.turns.undecided["default"].reports["plain"] == "on")
+        await wait_until(lambda: gateway.runtime.turns.auto["default"].reports["plain"] == "on")
         state = await admin_state(gateway)
         assert state["memory"]["phase"] == "deciding" and state["memory_shape"]["shape"] is None
         assert "waiting for mtp to answer /server_info" in state["memory_shape"]["reason"]
