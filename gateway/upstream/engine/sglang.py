@@ -3,6 +3,7 @@ gateway/upstream/engine/__init__.py for what this module provides and why it is 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
