@@ -15,14 +15,15 @@ from gateway.config import build_settings
 from tests.live import wait_until
 
 
-async def _demo_until_ready(memory: str | None) -> tuple[list[str], str, asyncio.Task[None]]:
+async def _demo_until_ready(memory: str | None, engine: str = "sglang"
+                            ) -> tuple[list[str], str, asyncio.Task[None]]:
     """The demo in this loop, every port the system's: its terminal lines up to `ready`."""
     lines: list[str] = []
     settings = build_settings({"listen": {"port": 0}, "auth": {"admin_key": "admin"},
                                "backends": {"mtp": {"url": "http://127.0.0.1:0"},
                                             "plain": {"url": "http://127.0.0.1:0"}}})
     task = asyncio.create_task(cli.demo(settings, None, "warning", speed=200, memory=memory,
-                                        say=lines.append))
+                                        engine=engine, say=lines.append))
     await wait_until(lambda: task.done() or any(line.startswith("ready: ") for line in lines),
                      timeout=20)
     if task.done():
@@ -66,6 +67,21 @@ async def test_demo_with_split_memory_runs_split_and_waits_for_no_park():
         assert state["pairs"][0]["memory_shape"] == {
             "setting": "split", "shape": "split", "reason": "memory: split in the configuration"}
         assert state["pairs"][0]["memory"] == {"phase": "split"}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.timeout(40)
+async def test_demo_of_the_vllm_pair_by_default_splits_it():
+    """vLLM's servers have no memory saver the turns controller drives: auto finds them split."""
+    lines, url, task = await _demo_until_ready(None, engine="vllm")
+    try:
+        assert lines[0].startswith("simulated vLLM pair (split memory")
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            state = (await client.get("/admin/state",
+                                      headers={"authorization": "Bearer admin"})).json()
+        assert state["pairs"][0]["memory_shape"]["shape"] == "split"
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
