@@ -18,7 +18,7 @@ from gateway.sim.server import SimOptions, start_sim_pair
 from gateway.sim.vllm.app import VllmOptions
 from gateway.sim.vllm.dynamic import dense_schedule
 from gateway.sim.vllm.sleep import sleep_cost_s, wake_cost_s
-from tests.sim.conftest import run_on_loop_clock, wait_until
+from tests.sim.conftest import run_on_loop_clock, until_on_loop_clock, wait_until
 
 SPEED = 50
 MODEL = "Qwen/Qwen3.5-122B-A10B"
@@ -209,9 +209,14 @@ async def test_sleep_endpoints_exist_only_in_dev_mode():
         assert (await http.get(url + "/is_sleeping")).json() == {"is_sleeping": False}
 
 
-async def test_sleep_abort_ends_running_streams_with_finish_reason_abort():
+def test_sleep_abort_ends_running_streams_with_finish_reason_abort():
     """v1/engine/core.py:976-977: mode=abort finishes every request aborted; the stream ends
-    with finish_reason "abort" (v1/engine/__init__.py:37), then [DONE]."""
+    with finish_reason "abort" (v1/engine/__init__.py:37), then [DONE]. On the loop's clock:
+    the stream cannot end on its own before the sleep arrives."""
+    run_on_loop_clock(_sleep_abort_ends_running_streams_with_finish_reason_abort)
+
+
+async def _sleep_abort_ends_running_streams_with_finish_reason_abort() -> None:
     async with start_sim_pair(dev()) as pair, httpx.AsyncClient(timeout=10) as http:
         url = pair.urls["plain"]
         async with http.stream("POST", url + "/v1/chat/completions", json=long()) as stream:
@@ -242,21 +247,33 @@ async def test_sleep_wait_finishes_running_streams_first():
     assert answer["usage"]["completion_tokens"] == 60
 
 
-async def test_sleep_keep_recomputes_running_streams_after_the_wake():
+def test_sleep_keep_recomputes_running_streams_after_the_wake():
     """core.py:1006-1008 with v1/core/sched/scheduler.py:3194-3210: mode=keep at level 1
     preempts the running requests back to waiting; after /wake_up they are computed again
-    (prompt and generated tokens) and finish whole."""
+    (prompt and generated tokens) and finish whole. On the loop's clock: a loaded machine
+    cannot let the request finish before the sleep arrives."""
+    run_on_loop_clock(_sleep_keep_recomputes_running_streams_after_the_wake)
+
+
+async def _sleep_keep_recomputes_running_streams_after_the_wake() -> None:
     async with start_sim_pair(dev()) as pair, httpx.AsyncClient(timeout=10) as http:
         url, engine = pair.urls["plain"], pair.servers["plain"].live.engine
         task = asyncio.create_task(http.post(url + "/v1/chat/completions",
                                              json={**long(80), "stream": False}))
-        await wait_until(lambda: engine.stats.generated_tokens >= 5)
+        await until_on_loop_clock(_true_when(lambda: engine.stats.generated_tokens >= 5), 10,
+                                  every=0.001)
         assert (await http.post(url + "/sleep?level=1&mode=keep")).status_code == 200
         assert engine.stats.retracted_requests == 1 and engine.num_running == 0 and not task.done()
         assert (await http.post(url + "/wake_up")).json() == {"status": "awake", "tags": None}
         answer = (await task).json()
     assert answer["usage"]["completion_tokens"] == 80
     assert engine.stats.reprefill_tokens > answer["usage"]["prompt_tokens"]
+
+
+def _true_when(predicate):
+    async def check() -> bool:
+        return bool(predicate())
+    return check
 
 
 async def test_arrivals_while_asleep_hang_and_health_stays_200():
