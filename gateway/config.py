@@ -9,7 +9,9 @@ the file's order, read top to bottom beside it; the loader is the last 40 lines.
 
 from __future__ import annotations
 
+import fnmatch
 import re
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an RFC 9110 token
+_GLOB = re.compile(r"[*?\[]")  # what makes a model alias a pattern (fnmatch's syntax)
 
 Role = Literal["mtp", "plain"]  # a server's role in its pair
 ROLES: tuple[Role, ...] = ("mtp", "plain")
@@ -141,6 +144,65 @@ class Pair(_Frozen):
         return routing
 
 
+def _unclosed_bracket(pattern: str) -> bool:
+    """A `[` that fnmatch would read as itself, not as a set: a typo in a pattern. Scanned as
+    fnmatch.translate scans it (a `]` right after `[` or `[!` belongs to the set)."""
+    start = pattern.find("[")
+    while start >= 0:
+        end = start + 1
+        end += pattern.startswith("!", end)
+        end += pattern.startswith("]", end)
+        close = pattern.find("]", end)
+        if close < 0:
+            return True
+        start = pattern.find("[", close + 1)
+    return False
+
+
+class Models(_Frozen):
+    """Model aliases: a name a client sends, or a shell-style pattern of names (`*`, `?`,
+    `[...]`, matched case-sensitively), mapped to the name the servers serve. Exact names first,
+    then the patterns in the order written; the first that matches wins. The request's
+    `model` is rewritten before it goes upstream (gateway/relay/inbound.py `with_model`)."""
+
+    aliases: dict[str, str] = Field(default_factory=dict)
+    list_aliases: bool = False  # GET /v1/models lists each exact alias beside the served name
+
+    @field_validator("aliases")
+    @classmethod
+    def _names_and_patterns(cls, aliases: dict[str, str]) -> dict[str, str]:
+        for name, served in aliases.items():
+            if not name.strip():
+                raise ValueError("an alias must not be empty")
+            if _unclosed_bracket(name):
+                raise ValueError(f"alias {name!r}: a '[' in a pattern must be closed by ']'")
+            if not served.strip():
+                raise ValueError(f"alias {name!r} maps to an empty model name")
+            if _GLOB.search(served):
+                raise ValueError(f"alias {name!r} maps to {served!r}: the served model is a "
+                                 "name, not a pattern")
+        return aliases
+
+    @cached_property
+    def _patterns(self) -> tuple[tuple[re.Pattern[str], str], ...]:
+        return tuple((re.compile(fnmatch.translate(name)), served)
+                     for name, served in self.aliases.items() if _GLOB.search(name))
+
+    def served_name(self, model: str) -> str | None:
+        """The served name a client's `model` stands for; None when no alias matches."""
+        served = self.aliases.get(model)
+        if served is not None:
+            return served
+        for pattern, served in self._patterns:
+            if pattern.match(model):
+                return served
+        return None
+
+    def exact_aliases(self) -> dict[str, str]:
+        """The aliases that are names, not patterns: what /v1/models lists."""
+        return {name: served for name, served in self.aliases.items() if not _GLOB.search(name)}
+
+
 class Handoff(_Frozen):
     """Continuing a running stream on another server (gateway.relay.continuing), per use."""
 
@@ -233,6 +295,7 @@ class Settings(BaseSettings):
     backends: Backends = Backends()  # one pair; or `pairs`
     pairs: tuple[Pair, ...] = ()
     routing: Routing = Routing()
+    models: Models = Models()
     timeouts: Timeouts = Timeouts()
     handoff: Handoff = Handoff()
     limits: Limits = Limits()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -15,6 +17,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from gateway.apis.errors import BadRequest, Forbidden, Unauthorized
 from gateway.config import ConfigError, build_routing, describe_validation_error
+from gateway.front.aliases import card_as, listed_with_aliases
 from gateway.front.passthrough import pass_through
 from gateway.relay.admission import check_client_key
 from gateway.relay.inbound import bearer_token, parse_json_object
@@ -139,15 +142,19 @@ def _by_mode(pool: Pool) -> list[BackendState]:
 
 
 async def _from_backends(request: Request, path: str, order: list[BackendState] | None = None,
-                         *, next_on_404: bool = False) -> Response:
+                         *, next_on_404: bool = False,
+                         reshape: Callable[[bytes], bytes] | None = None) -> Response:
     """Answered by a backend, as SGLang answers it, behind the client key like SGLang's
-    --api-key. By default the backend of the current mode first, the others if it fails."""
+    --api-key. By default the backend of the current mode first, the others if it fails.
+    `reshape` changes a 200's body (the model aliases on /v1/models)."""
     runtime = _runtime(request)
     headers = request.scope["headers"]
     check_client_key(headers, runtime.settings)
     status, upstream_headers, body, backend = await pass_through(
         runtime.upstream, runtime.settings.timeouts.idle_s, request.method, path, headers,
         order or _by_mode(runtime.pool), next_on_404=next_on_404)
+    if reshape is not None and status == 200:
+        body = reshape(body)
     return Response(body, status_code=status, headers={
         **{k.decode("latin-1"): v.decode("latin-1") for k, v in upstream_headers},
         "x-gateway-backend": backend.name})
@@ -164,12 +171,26 @@ async def root(request: Request) -> JSONResponse:
 
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
-    return await _from_backends(request, "/v1/models")
+    """The backend's list; with models.list_aliases, each alias that is a name (not a
+    pattern) listed too, as a copy of its served model's card."""
+    aliases = _runtime(request).settings.models
+    if not aliases.list_aliases:
+        return await _from_backends(request, "/v1/models")
+    exact = aliases.exact_aliases()
+    return await _from_backends(request, "/v1/models",
+                                reshape=lambda listing: listed_with_aliases(listing, exact))
 
 
 @router.get("/v1/models/{model:path}")
 async def model(request: Request, model: str) -> Response:
-    return await _from_backends(request, request.url.path)
+    """The backend's card; with models.list_aliases, a name an alias matches (a pattern's
+    too) is answered with its served model's card under that name."""
+    aliases = _runtime(request).settings.models
+    served = aliases.served_name(model) if aliases.list_aliases else None
+    if served is None or served == model:
+        return await _from_backends(request, request.url.path)
+    return await _from_backends(request, "/v1/models/" + quote(served),
+                                reshape=lambda card: card_as(card, model))
 
 
 @router.get("/server_info")

@@ -48,7 +48,8 @@ async def admit(scope: Scope, receive: Receive, settings: Settings, pool: Pool,
     body = await read_body(receive, settings.limits.max_body_bytes, settings.timeouts.idle_s)
     inbound = parse_inbound(scope["path"], headers, body,
                             session_headers=settings.routing.session_headers,
-                            allow_pin=settings.routing.allow_pin_header)
+                            allow_pin=settings.routing.allow_pin_header,
+                            aliases=settings.models)
     if pool.concurrency >= settings.limits.max_inflight:
         raise Overloaded("the gateway is at its in-flight limit; retry shortly",
                          headers={"retry-after": "1"})

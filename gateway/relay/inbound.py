@@ -15,12 +15,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.apis import CHAT, COMPLETIONS, OPENAI_API, PROXY_PATHS, api_of
 from gateway.apis.errors import BadRequest, UnsupportedMediaType
-from gateway.config import ROLES, Role
+from gateway.config import ROLES, Models, Role
 from gateway.upstream.engine import sglang as engine
 
 Headers = list[tuple[bytes, bytes]]
 T = TypeVar("T")
 _EMPTY_REST = re.compile(rb"[ \t\r\n]*}")  # what follows "{" in an empty object (JSON whitespace)
+_WHITESPACE = re.compile(rb"[ \t\r\n]*")  # JSON's
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes and all
 Body = tuple[bytes | memoryview, ...]  # written upstream one after the other, never joined
 
 # Streams that end with a usage chunk when asked (stream_options.include_usage).
@@ -204,6 +206,65 @@ def asking_usage(parts: Body) -> Body:
     return (head, rest, *parts[1:])
 
 
+_decode_members = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+
+
+def model_span(body: bytes) -> tuple[int, int] | None:
+    """Where the value of the body's top-level `model` lies: (start, end). The top-level
+    members are walked in order, each value skipped by its length (msgspec hands every value
+    over as raw bytes, unparsed), so a `model` nested anywhere (a tool's schema, metadata) is
+    never taken for it. None where the walk does not end at the closing brace: duplicate names,
+    which a dict cannot place."""
+    members = _decode_members(body)
+    if "model" not in members:
+        return None
+    at = body.index(b"{") + 1
+    span = None
+    for index, (name, value) in enumerate(members.items()):
+        at = _WHITESPACE.match(body, at).end()
+        if index:
+            if body[at:at + 1] != b",":
+                return None
+            at = _WHITESPACE.match(body, at + 1).end()
+        key = _STRING.match(body, at)
+        if key is None or _decode_any(key.group()) != name:
+            return None
+        at = _WHITESPACE.match(body, key.end()).end()
+        if body[at:at + 1] != b":":
+            return None
+        at = _WHITESPACE.match(body, at + 1).end()
+        end = at + len(value)
+        if name == "model":
+            if memoryview(body)[at:end] != memoryview(value):
+                return None
+            span = (at, end)
+        at = end
+    return span if body[_WHITESPACE.match(body, at).end():][:1] == b"}" else None
+
+
+def alias_rewrite(body: bytes, served: str) -> tuple[bytes, tuple[int, int, bytes] | None]:
+    """The body whose `model` is an alias of `served` (models.aliases), and the bytes of its
+    `model` value to replace, as (start, end, new value): only that value changes, the client's
+    other bytes are relayed as they came (`with_model` splices it into the pieces). Where the
+    body names `model` more than once, its top level is encoded again with the served name,
+    each value's bytes kept as sent (the engine, like json.loads, reads the last one)."""
+    value = msgspec.json.encode(served)
+    span = model_span(body)
+    if span is None:
+        members = {**_decode_members(body), "model": msgspec.Raw(value)}
+        return msgspec.json.encode(members), None
+    return body, (*span, value)
+
+
+def with_model(parts: Body, body_length: int, start: int, end: int, value: bytes) -> Body:
+    """The pieces with body[start:end] replaced by `value`, nothing copied. Whatever was
+    spliced in before (the rid, the usage request) went after the opening brace, before any
+    member: the last piece is the body's own bytes from there to its end."""
+    tail = memoryview(parts[-1])
+    offset = body_length - len(tail)
+    return (*parts[:-1], tail[:start - offset], value, tail[end - offset:])
+
+
 def abort_rids(path: str, fields: RequestFields, rid: str | None) -> tuple[str, ...]:
     """The rids the engine gives the work of one request (a batch is a list of prompts on
     /v1/completions or /generate): engine.abort_rids."""
@@ -236,10 +297,16 @@ def _batch_size(raw: msgspec.Raw | UnsetType) -> int | None:
 
 
 def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: tuple[str, ...],
-                  allow_pin: bool) -> Inbound:
+                  allow_pin: bool, aliases: Models | None = None) -> Inbound:
     check_content_type(headers)
     fields = parse_fields(body)
     validate_fields(path, fields)
+    model = fields.model if isinstance(fields.model, str) else None
+    served = None if aliases is None or model is None else aliases.served_name(model)
+    rewrite = None
+    if served is not None and served != model:
+        body, rewrite = alias_rewrite(body, served)
+        model = served
     rid = None
     parts: Body = (body,)
     extra: tuple[tuple[bytes, bytes], ...] = ()
@@ -255,12 +322,14 @@ def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: 
                    and body.lstrip()[:1] == b"{")
     if usage_asked:
         parts = asking_usage(parts)
+    if rewrite is not None:
+        parts = with_model(parts, len(body), *rewrite)
     previous = fields.previous_response_id
     return Inbound(
         path=path,
         body=parts,
         stream=stream,
-        model=fields.model if isinstance(fields.model, str) else None,
+        model=model,
         session=session_of(headers, fields, session_headers),
         pin=pin_of(headers, allow_pin),
         rid=rid,
