@@ -93,6 +93,46 @@ async def test_openai_sdk_chat_completions_responses_and_models() -> None:
 
 
 @pytest.mark.timeout(60)
+async def test_aliased_agent_names_reach_the_served_model_in_both_sdks(sim) -> None:
+    """models.aliases (issue 29): Codex's default name, which SGLang's /v1/responses refuses
+    (404, serving_responses.py:297), and Claude Code's claude-* names are served; the answers
+    name the served model (SGLang echoes the request's `model`, now the served name). A name no
+    alias matches still gets the engine's own 404, word for word."""
+    direct = openai.AsyncOpenAI(base_url=sim.urls["mtp"] + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as engine:
+        await direct.responses.create(model="gpt-4o", input="hi")
+    await direct.close()
+    models = {"aliases": {"gpt-5-codex": SERVED, "claude-*": SERVED}, "list_aliases": True}
+    async with live_gateway(sim, models=models) as gateway:
+        client = oai(gateway)
+        with pytest.raises(openai.NotFoundError) as relayed:
+            await client.responses.create(model="gpt-4o", input="hi")
+        assert relayed.value.body == engine.value.body
+        codex = await client.responses.create(model="gpt-5-codex", input="hi", max_output_tokens=300)
+        assert codex.status == "completed" and codex.output_text and codex.model == SERVED
+        chunks = [chunk async for chunk in await client.chat.completions.create(
+            model=CLAUDE, messages=USER, max_tokens=8, stream=True)]
+        assert {chunk.model for chunk in chunks} == {SERVED}
+        text = await client.completions.create(model="gpt-5-codex", prompt="Once", max_tokens=8)
+        assert text.model == SERVED and text.choices[0].text
+        listed = [card.id async for card in client.models.list()]
+        assert listed == [SERVED, "gpt-5-codex"]  # a pattern is not a name: not listed
+        assert (await client.models.retrieve("claude-opus-4-1")).id == "claude-opus-4-1"
+        with pytest.raises(openai.NotFoundError):
+            await client.models.retrieve("gpt-4o")
+        await client.close()
+        anthropic_client = claude(gateway)
+        message = await anthropic_client.messages.create(model=CLAUDE, max_tokens=20, messages=USER)
+        assert message.model == SERVED and message.content[0].type == "text"
+        async with anthropic_client.messages.stream(model="claude-haiku-4-5", max_tokens=20,
+                                                    messages=USER) as stream:
+            assert (await stream.get_final_message()).model == SERVED
+        counted = await anthropic_client.messages.count_tokens(model=CLAUDE, messages=USER)
+        assert counted.input_tokens == message.usage.input_tokens > 0
+        await settled(gateway, 0)
+
+
+@pytest.mark.timeout(60)
 async def test_a_crash_after_the_first_byte_raises_in_both_sdks(sim) -> None:
     for server in sim.servers.values():  # wherever the request goes, it dies mid-answer
         await server.set_faults(Faults(crash_after_chunks=6))

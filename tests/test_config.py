@@ -90,3 +90,43 @@ def test_the_documented_pairs_examples_load() -> None:
     lines = [line[2:] for line in commented.split("\nrouting:")[0].splitlines()]
     settings = build_settings(yaml.safe_load("pairs:\n" + "\n".join(lines)))
     assert [p.name for p in settings.fleet()] == ["node-a", "node-b"]
+
+
+# --- models ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("aliases", "words"), [
+    ({"": "served"}, "an alias must not be empty"),
+    ({"claude-*": " "}, "alias 'claude-\\*' maps to an empty model name"),
+    ({"claude-[": "served"}, "alias 'claude-\\[': a '\\[' in a pattern must be closed by '\\]'"),
+    ({"x[ab][": "served"}, "must be closed"),
+    ({"claude-*": "qwen-*"}, "the served model is a name, not a pattern"),
+    ({"claude-*": 3}, "models.aliases.claude-\\*"),
+])
+def test_a_bad_alias_fails_at_load_and_says_which(aliases: dict, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        build_settings({"models": {"aliases": aliases}})
+
+
+def test_the_brackets_fnmatch_reads_as_sets_are_closed() -> None:
+    settings = build_settings({"models": {"aliases": {"o[0-9]*": "a", "[]x]": "b", "[!]]y": "c"}}})
+    assert [settings.models.served_name(n) for n in ("o3-mini", "]", "zy")] == ["a", "b", "c"]
+
+
+def test_aliases_come_from_the_environment_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_MODELS__ALIASES", '{"claude-*": "Qwen/Qwen3.5-122B-A10B"}')
+    settings = load_settings(ROOT / "config.yaml")
+    assert settings.models.served_name("claude-sonnet-4-5") == "Qwen/Qwen3.5-122B-A10B"
+
+
+def test_the_documented_alias_examples_load_and_map_the_agents_default_names() -> None:
+    import yaml
+
+    clients = (ROOT / "docs" / "clients.md").read_text(encoding="utf-8")
+    block = clients.split("## Their default model names")[1].split("```yaml\n")[1]
+    documented = build_settings(yaml.safe_load(block.split("```")[0])).models
+    commented = (ROOT / "config.yaml").read_text(encoding="utf-8").split("  # aliases:\n")[1]
+    lines = [line.replace("#", "", 1) for line in commented.split("  # GET")[0].splitlines()]
+    shipped = build_settings({"models": yaml.safe_load("aliases:\n" + "\n".join(lines))}).models
+    for models in (documented, shipped):
+        for name in ("claude-sonnet-4-5-20250929", "claude-haiku-4-5-20251001", "gpt-5-codex"):
+            assert models.served_name(name) == "Qwen/Qwen3.5-122B-A10B", name

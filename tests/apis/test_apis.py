@@ -94,6 +94,24 @@ async def test_any_model_name_reaches_the_backend_unchanged(model: str) -> None:
 
 
 @pytest.mark.timeout(30)
+async def test_an_alias_rewrites_only_the_model_and_anything_else_is_relayed_byte_for_byte() -> None:
+    """models.aliases (issue 29): the backend gets the client's bytes with only the `model`
+    value changed; a request no alias applies to arrives exactly as the client sent it."""
+    aliases = {"aliases": {"claude-*": MODEL}}
+    body = (b'{"model" : "%s",  "max_tokens": 64, "messages": [{"role": "user", "content":'
+            b' "caf\\u00e9 \\"model\\": \\"claude-x\\""}], "metadata": {"model": "claude-y"}}')
+    async with scripted_pair(models=aliases) as (gateway, backends), \
+            httpx.AsyncClient(timeout=10) as client:
+        for model, upstream in ((b"claude-sonnet-4-5", MODEL.encode()), (b"gpt-5", b"gpt-5"),
+                                (b"Claude-x", b"Claude-x")):
+            answered = await client.post(gateway.url + "/v1/messages", content=body % model,
+                                         headers={"content-type": "application/json"})
+            assert answered.status_code == 200, answered.text
+            assert answered.json()["model"] == upstream.decode()
+            assert backends["mtp"].requests_to("/v1/messages")[-1].body == body % upstream
+
+
+@pytest.mark.timeout(30)
 async def test_models_come_from_the_backends_live_and_behind_the_client_key() -> None:
     """/v1/models and /v1/models/{id} as the backend answers them now (a server restarted with
     another --served-model-name shows at once), and, as SGLang with --api-key, 401 without a
