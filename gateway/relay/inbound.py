@@ -21,8 +21,9 @@ from gateway.upstream.engine import sglang as engine
 Headers = list[tuple[bytes, bytes]]
 T = TypeVar("T")
 _EMPTY_REST = re.compile(rb"[ \t\r\n]*}")  # what follows "{" in an empty object (JSON whitespace)
-_WHITESPACE = re.compile(rb"[ \t\r\n]*")  # JSON's
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes and all
+# The next member of an object: its comma (none for the first), its name's bytes, its colon.
+_MEMBER = re.compile(rb'[ \t\r\n]*(,?)[ \t\r\n]*"([^"\\]*(?:\\.[^"\\]*)*)"[ \t\r\n]*:[ \t\r\n]*')
 Body = tuple[bytes | memoryview, ...]  # written upstream one after the other, never joined
 
 # Streams that end with a usage chunk when asked (stream_options.include_usage).
@@ -209,47 +210,43 @@ def asking_usage(parts: Body) -> Body:
 _decode_members = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 
 
-def model_span(body: bytes) -> tuple[int, int] | None:
+def model_span(body: bytes, model: str) -> tuple[int, int] | None:
     """Where the value of the body's top-level `model` lies: (start, end). The top-level
-    members are walked in order, each value skipped by its length (msgspec hands every value
-    over as raw bytes, unparsed), so a `model` nested anywhere (a tool's schema, metadata) is
-    never taken for it. None where the walk does not end at the closing brace: duplicate names,
-    which a dict cannot place."""
-    members = _decode_members(body)
-    if "model" not in members:
-        return None
-    at = body.index(b"{") + 1
-    span = None
-    for index, (name, value) in enumerate(members.items()):
-        at = _WHITESPACE.match(body, at).end()
-        if index:
-            if body[at:at + 1] != b",":
-                return None
-            at = _WHITESPACE.match(body, at + 1).end()
-        key = _STRING.match(body, at)
-        if key is None or _decode_any(key.group()) != name:
+    members are walked in order up to it; one before it is skipped by its value's length, which
+    msgspec gives without parsing the value (each as raw bytes: read only when `model` is not
+    the first member), so a `model` nested in a value (a tool's schema, metadata) is never taken
+    for it. None where the walk cannot place it: a name repeated before it (a dict holds one
+    entry per name), or a first `model` whose value is not the one the engine reads (the last,
+    as json.loads reads it)."""
+    at, index = body.index(b"{") + 1, 0
+    members: list[tuple[str, msgspec.Raw]] | None = None
+    while True:
+        member = _MEMBER.match(body, at)
+        if member is None or member.group(1) != (b"," if index else b""):
             return None
-        at = _WHITESPACE.match(body, key.end()).end()
-        if body[at:at + 1] != b":":
-            return None
-        at = _WHITESPACE.match(body, at + 1).end()
-        end = at + len(value)
+        raw_name = member.group(2)
+        name = _decode_any(b'"%s"' % raw_name) if b"\\" in raw_name else raw_name.decode()
+        at = member.end()
         if name == "model":
-            if memoryview(body)[at:end] != memoryview(value):
-                return None
-            span = (at, end)
-        at = end
-    return span if body[_WHITESPACE.match(body, at).end():][:1] == b"}" else None
+            value = _STRING.match(body, at)
+            return (at, value.end()) if value and _decode_any(value.group()) == model else None
+        if members is None:
+            members = list(_decode_members(body).items())
+        if index >= len(members) or members[index][0] != name:
+            return None
+        at += len(members[index][1])
+        index += 1
 
 
-def alias_rewrite(body: bytes, served: str) -> tuple[bytes, tuple[int, int, bytes] | None]:
+def alias_rewrite(body: bytes, model: str, served: str) -> tuple[bytes, tuple[int, int, bytes] | None]:
     """The body whose `model` is an alias of `served` (models.aliases), and the bytes of its
     `model` value to replace, as (start, end, new value): only that value changes, the client's
     other bytes are relayed as they came (`with_model` splices it into the pieces). Where the
-    body names `model` more than once, its top level is encoded again with the served name,
-    each value's bytes kept as sent (the engine, like json.loads, reads the last one)."""
+    walk cannot place it (names repeated), the top level is encoded again with the served
+    name, each value's bytes kept as sent. A body naming `model` twice with the same value has
+    its first rewritten, and the engine reads the last: as if no alias applied."""
     value = msgspec.json.encode(served)
-    span = model_span(body)
+    span = model_span(body, model)
     if span is None:
         members = {**_decode_members(body), "model": msgspec.Raw(value)}
         return msgspec.json.encode(members), None
@@ -305,7 +302,7 @@ def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: 
     served = None if aliases is None or model is None else aliases.served_name(model)
     rewrite = None
     if served is not None and served != model:
-        body, rewrite = alias_rewrite(body, served)
+        body, rewrite = alias_rewrite(body, model, served)
         model = served
     rid = None
     parts: Body = (body,)

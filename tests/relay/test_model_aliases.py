@@ -86,12 +86,14 @@ def test_a_repeated_model_is_read_as_the_engine_reads_it_the_last() -> None:
     assert b'[ {"role": "user"} ]' in sent(inbound)
     repeated_alias = parse(b'{"model": "claude-x", "messages": [], "model": "unknown"}')
     assert json.loads(sent(repeated_alias))["model"] == "unknown"  # the last one: no alias
+    repeated_before = parse(b'{"system": "a", "system": "bb", "model": "claude-x", "messages": []}')
+    assert json.loads(sent(repeated_before)) == {"system": "bb", "model": SERVED, "messages": []}
 
 
 def test_a_model_that_is_not_a_name_is_left_to_the_engine() -> None:
     for body in (b'{"messages": [], "max_tokens": 5}', b'{"model": null, "messages": []}'):
         assert sent(parse(body)) == body
-    assert model_span(b'{"messages": []}') is None
+    assert model_span(b'{"messages": []}', "claude-x") is None
 
 
 def test_an_alias_of_the_served_name_itself_changes_nothing() -> None:
