@@ -133,6 +133,28 @@ async def test_aliased_agent_names_reach_the_served_model_in_both_sdks(sim) -> N
 
 
 @pytest.mark.timeout(60)
+async def test_aliases_serve_the_agents_default_names_on_vllm_which_checks_every_name() -> None:
+    """vLLM refuses a name it does not serve on every API (404, serve/engine/serving.py:49-83);
+    with aliases the CLIs' defaults (Codex gpt-6.2-sol, Claude Code claude-opus-4-8) are
+    served, and vLLM's own 404 still answers a name no alias matches."""
+    options = SimOptions(speed=50, engine="vllm")
+    models = {"aliases": {"claude-*": SERVED, "gpt-*": SERVED}}
+    async with start_sim_pair(options) as pair, live_gateway(pair, models=models) as gateway:
+        client = oai(gateway)
+        codex = await client.responses.create(model="gpt-6.2-sol", input="hi", max_output_tokens=20)
+        assert codex.output_text and codex.model == SERVED
+        chat = await client.chat.completions.create(model="claude-opus-4-8", messages=USER, max_tokens=5)
+        assert chat.model == SERVED and chat.choices[0].message.content
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            await client.chat.completions.create(model="o3", messages=USER, max_tokens=5)
+        await client.close()
+        async with claude(gateway).messages.stream(model="claude-opus-4-8", max_tokens=8,
+                                                   messages=USER) as stream:
+            assert (await stream.get_final_message()).usage.output_tokens > 0
+        await settled(gateway, 0)
+
+
+@pytest.mark.timeout(60)
 async def test_a_crash_after_the_first_byte_raises_in_both_sdks(sim) -> None:
     for server in sim.servers.values():  # wherever the request goes, it dies mid-answer
         await server.set_faults(Faults(crash_after_chunks=6))
