@@ -299,9 +299,9 @@ def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: 
     fields = parse_fields(body)
     validate_fields(path, fields)
     model = fields.model if isinstance(fields.model, str) else None
-    served = None if aliases is None or model is None else aliases.served_name(model)
     rewrite = None
-    if served is not None and served != model:
+    served = None if aliases is None or model is None else aliases.served_name(model)
+    if model is not None and served is not None and served != model:
         body, rewrite = alias_rewrite(body, model, served)
         model = served
     rid = None
