@@ -96,8 +96,9 @@ async def test_any_model_name_reaches_the_backend_unchanged(model: str) -> None:
 @pytest.mark.timeout(30)
 async def test_an_alias_rewrites_only_the_model_and_anything_else_is_relayed_byte_for_byte() -> None:
     """models.aliases (issue 29): the backend gets the client's bytes with only the `model`
-    value changed; a request no alias applies to arrives exactly as the client sent it."""
-    aliases = {"aliases": {"claude-*": MODEL}}
+    value changed; a request no alias applies to arrives exactly as the client sent it. The
+    aliases are not listed on /v1/models unless models.list_aliases asks."""
+    aliases = {"aliases": {"claude-*": MODEL, "gpt-5-codex": MODEL}}
     body = (b'{"model" : "%s",  "max_tokens": 64, "messages": [{"role": "user", "content":'
             b' "caf\\u00e9 \\"model\\": \\"claude-x\\""}], "metadata": {"model": "claude-y"}}')
     async with scripted_pair(models=aliases) as (gateway, backends), \
@@ -109,6 +110,9 @@ async def test_an_alias_rewrites_only_the_model_and_anything_else_is_relayed_byt
             assert answered.status_code == 200, answered.text
             assert answered.json()["model"] == upstream.decode()
             assert backends["mtp"].requests_to("/v1/messages")[-1].body == body % upstream
+        listed = await client.get(gateway.url + "/v1/models")  # list_aliases off: not listed
+        assert [card["id"] for card in listed.json()["data"]] == [MODEL]
+        assert (await client.get(gateway.url + "/v1/models/gpt-5-codex")).status_code == 404
 
 
 @pytest.mark.timeout(30)
