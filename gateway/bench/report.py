@@ -14,9 +14,9 @@ GATEWAY_NAMES = ("gateway",)
 
 
 def is_pair(target: str) -> bool:
-    """The pair through the gateway (split memory, or taking turns: ``pair-turns*``), which
-    the single servers are compared with."""
-    return target in GATEWAY_NAMES or target.startswith("pair-turns")
+    """The pair through the gateway (split memory, or taking turns: ``pair-turns*``; vLLM's:
+    ``vllm-pair*``), which the single servers are compared with."""
+    return target in GATEWAY_NAMES or target.startswith(("pair-turns", "vllm-pair"))
 
 
 def _num(value: float, digits: int = 1) -> str:

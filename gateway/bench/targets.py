@@ -13,6 +13,12 @@ otherwise run, each with the memory it would really have (gateway.sim.memory).
   step); ``pair-turns-finish`` lets running streams finish first (bounded) instead of
   continuing them on the incoming server, ``pair-turns-finish-back`` only on the way back to
   MTP (a draining burst);
+- ``vllm-pair``, ``vllm-plain``, ``vllm-mtp``, ``vllm-mtp-k2``, ``vllm-mtp-dynamic``: vLLM 0.33.0
+  (``gateway.sim.vllm.profiles``, where what is vLLM's and what is approximate is said): the split
+  pair (MTP with the recipe's k = 1, and plain) through the gateway, and one server owning the
+  GPUs: plain, MTP with a static k (1, the recipe's, or 2), and MTP with the dynamic schedule of
+  vLLM issue #49548 (k = 2 up to 4 requests, then 0) as the simulator models it (not the
+  collapse that issue reports);
 - ``single-mtp-tuned``, ``single-adaptive-tuned``: the strongest single MTP server a user
   could tune with SGLang 0.5.23's flags: ``--max-running-requests 128``, the plain server's
   ``--mem-fraction-static``, and ``--mamba-full-memory-ratio`` raised until the Mamba pool
@@ -45,6 +51,7 @@ from gateway.config import Routing
 from gateway.routing.crossover import CrossoverEstimator
 from gateway.sim import memory
 from gateway.sim.profile import Profile, adaptive_timing, packaged_timings, pair_profiles, single_profile
+from gateway.sim.vllm import profiles as vllm_profiles
 
 SINGLE_TARGETS = ("single-plain", "single-mtp", "single-adaptive")
 TUNED_TARGETS = ("single-mtp-tuned", "single-adaptive-tuned")
@@ -62,8 +69,10 @@ def default_targets(memory_shape: str) -> tuple[str, ...]:
         return DEFAULT_TARGETS
     return (PAIR_TARGET[memory_shape], *SINGLE_TARGETS, *TUNED_TARGETS)
 PAIR_STATIC_TARGETS = ("pair-mtp-only", "pair-plain-only")
-ALL_TARGETS = (*DEFAULT_TARGETS, *TUNED_TARGETS, *TURNS_TARGETS, *PAIR_STATIC_TARGETS)
-PAIR_TARGETS = ("gateway", *TURNS_TARGETS)  # compared with the single servers
+VLLM_SINGLE_TARGETS = ("vllm-plain", "vllm-mtp", "vllm-mtp-k2", "vllm-mtp-dynamic")
+VLLM_TARGETS = ("vllm-pair", *VLLM_SINGLE_TARGETS)
+ALL_TARGETS = (*DEFAULT_TARGETS, *TUNED_TARGETS, *TURNS_TARGETS, *PAIR_STATIC_TARGETS, *VLLM_TARGETS)
+PAIR_TARGETS = ("gateway", *TURNS_TARGETS, "vllm-pair")  # compared with the single servers
 
 # What a parked (released) server still holds per GPU, when gateway.sim.memory does not say
 # (helper deploy's size_turns): CUDA context + NCCL + custom all-reduce 1.0 GiB, attention and
@@ -167,10 +176,30 @@ def build_targets(names: Sequence[str], hardware: str = memory.DEFAULT_HARDWARE,
             "pair-turns-finish-back", "crossover", turns_profiles(hardware, "adaptive", pair),
             dataclasses.replace(turn, running="finish-back")),
     }
+    makers.update(_vllm_makers(hardware, pair))
     unknown = [n for n in names if n not in makers]
     if unknown:
         raise ValueError(f"unknown target(s) {', '.join(unknown)}: one of {', '.join(ALL_TARGETS)}")
     return [makers[n]() for n in names]
+
+
+def _vllm_makers(hardware: str, timings: Mapping[str, Profile]) -> dict[str, Callable[[], SimTarget]]:
+    """The vLLM targets; each single server beside the vLLM pair's other server, which idles."""
+    def beside(name: str, policy: str, role: str, server: Callable[[], Profile]) -> Callable[[], SimTarget]:
+        return lambda: SimTarget(name, policy, {**vllm_profiles.pair(hardware, timings=timings), role: server()})
+
+    def mtp(k: int, schedule: tuple[tuple[int, int, int], ...] = ()) -> Callable[[], Profile]:
+        return lambda: vllm_profiles.single("mtp", hardware, k, schedule, timings)
+
+    return {
+        "vllm-pair": lambda: SimTarget("vllm-pair", "crossover", vllm_profiles.pair(hardware, timings=timings)),
+        "vllm-plain": beside("vllm-plain", "plain-only", "plain",
+                             lambda: vllm_profiles.single("plain", hardware, timings=timings)),
+        "vllm-mtp": beside("vllm-mtp", "mtp-only", "mtp", mtp(vllm_profiles.RECIPE_K)),
+        "vllm-mtp-k2": beside("vllm-mtp-k2", "mtp-only", "mtp", mtp(2)),
+        "vllm-mtp-dynamic": beside("vllm-mtp-dynamic", "mtp-only", "mtp",
+                                   mtp(vllm_profiles.ISSUE_49548_K, vllm_profiles.ISSUE_49548_SCHEDULE)),
+    }
 
 
 def run_target_sweep(workload_factory: Callable[[], Workload], plans: Sequence[LevelPlan],
@@ -264,6 +293,7 @@ def caps(targets: Sequence[SimTarget]) -> dict[str, dict[str, int]]:
     used = {"gateway": ("mtp", "plain"), "pair-mtp-only": ("mtp",), "pair-plain-only": ("plain",),
             "single-plain": ("plain",), "single-mtp": ("mtp",), "single-adaptive": ("mtp",),
             "single-mtp-tuned": ("mtp",), "single-adaptive-tuned": ("mtp",),
-            **{name: ("mtp", "plain") for name in TURNS_TARGETS}}
+            **{name: ("mtp", "plain") for name in TURNS_TARGETS}, "vllm-pair": ("mtp", "plain"),
+            "vllm-plain": ("plain",), **{name: ("mtp",) for name in VLLM_SINGLE_TARGETS[1:]}}
     return {t.name: {b: t.profiles[b].effective_max_running for b in used.get(t.name, tuple(t.profiles))}
             for t in targets}

@@ -30,6 +30,7 @@ from typing import NamedTuple, Protocol
 
 from gateway.sim.adaptive import AdaptiveSteps
 from gateway.sim.profile import Profile
+from gateway.sim.vllm.dynamic import ScheduledSteps
 
 # Prefix-cache granularity in tokens: a prompt is cached in whole blocks, like paged KV.
 CACHE_BLOCK_TOKENS = 64
@@ -199,10 +200,14 @@ class Engine:
         self._prefilling: list[_Seq] = []  # admitted, prompt partly computed (holds a slot)
         self._running: list[_Seq] = []  # decoding
         self._by_rid: dict[str, _Seq] = {}
-        # Who chooses the draft steps of each decode step: SGLang's --speculative-adaptive, or
-        # a chooser given (vLLM's dynamic schedule, gateway/sim/vllm/dynamic.py); else fixed.
+        # Who chooses the draft steps of each decode step: a chooser given, vLLM's schedule
+        # (the profile's draft_schedule, gateway/sim/vllm/dynamic.py), SGLang's
+        # --speculative-adaptive; else fixed.
         self._adaptive: DraftSteps | None = steps
-        if steps is None and profile.adaptive:
+        if steps is None and profile.draft_schedule:
+            self._adaptive = ScheduledSteps(profile.draft_schedule, profile.effective_max_running,
+                                            profile.num_steps)
+        elif steps is None and profile.adaptive:
             self._adaptive = AdaptiveSteps(profile.num_steps, profile.effective_max_running)
         self.paused = False  # the scheduler is paused (pause_generation retract / in_place)
         # The draft model's weights came back as garbage (released without a host copy): every

@@ -309,12 +309,14 @@ def launch_for(role: str, fraction: float, weights: str) -> Launch:
 
 
 def size_pair(hardware: Hardware, fractions: tuple[float, float] | None = None,
-              weights: str = PAIR_WEIGHTS, model: ModelConfig = QWEN35_122B) -> dict[str, Sizing]:
-    """The compose pair: MTP starts first on the empty GPUs, plain on what MTP left."""
+              weights: str = PAIR_WEIGHTS, model: ModelConfig = QWEN35_122B,
+              launch: Callable[[str, float, str], Launch] = launch_for) -> dict[str, Sizing]:
+    """The compose pair: MTP starts first on the empty GPUs, plain on what MTP left.
+    ``launch(role, fraction, weights)``: each server's flags (default: SGLang's pair)."""
     mtp_fraction, plain_fraction = fractions or hardware.pair_fractions
-    mtp = size_server(launch_for("mtp", mtp_fraction, weights), hardware.free_at_start_gib, hardware, model)
+    mtp = size_server(launch("mtp", mtp_fraction, weights), hardware.free_at_start_gib, hardware, model)
     left = hardware.free_at_start_gib - mtp.static_gib - hardware.runtime_overhead_gib
-    plain = size_server(launch_for("plain", plain_fraction, weights), left, hardware, model)
+    plain = size_server(launch("plain", plain_fraction, weights), left, hardware, model)
     return {"mtp": mtp, "plain": plain}
 
 

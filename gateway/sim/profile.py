@@ -59,6 +59,11 @@ class Profile:
     adaptive: bool = False
     base_step_ms: tuple[tuple[int, float], ...] = ()
     draft_layer_fraction: float = 1 / 48  # the MTP layer against the target's 48 layers
+    # vLLM's draft tokens per step by the number of scheduled requests: its dynamic schedule
+    # (num_speculative_tokens_per_batch_size, gateway.sim.vllm.dynamic), clamped to num_steps
+    # (num_speculative_tokens); a static k is ((1, 1, k),). Steps are costed as the adaptive
+    # server's (spec_step_s), so base_step_ms is needed. Empty: SGLang's fixed or adaptive steps.
+    draft_schedule: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         batches = [b for b, _ in self.step_ms]
@@ -68,6 +73,8 @@ class Profile:
             raise ValueError("accept probabilities must be within [0, 1]")
         if self.adaptive and not (self.speculative and self.base_step_ms):
             raise ValueError("an adaptive profile is speculative and needs base_step_ms")
+        if self.draft_schedule and not (self.speculative and self.base_step_ms):
+            raise ValueError("a draft schedule is speculative and needs base_step_ms")
 
     @property
     def resolved_max_running_requests(self) -> int:
@@ -134,6 +141,8 @@ def _profile_from_dict(name: str, raw: Mapping[str, Any]) -> Profile:
     for key in ("step_ms", "base_step_ms"):
         if key in raw:
             fields[key] = tuple((int(b), float(ms)) for b, ms in raw[key])
+    if "draft_schedule" in raw:
+        fields["draft_schedule"] = tuple((int(lo), int(hi), int(k)) for lo, hi, k in raw["draft_schedule"])
     return Profile(**fields)
 
 
@@ -198,6 +207,7 @@ def save_profiles(profiles: Mapping[str, Profile], path: str | Path, comment: st
         spec = dataclasses.asdict(profile)
         spec["step_ms"] = [[b, ms] for b, ms in profile.step_ms]
         spec["base_step_ms"] = [[b, ms] for b, ms in profile.base_step_ms]
+        spec["draft_schedule"] = [list(entry) for entry in profile.draft_schedule]
         backends[name] = spec
     header = "".join(f"# {line}\n" for line in comment.splitlines())
     Path(path).write_text(header + yaml.safe_dump({"backends": backends}, sort_keys=False))

@@ -35,7 +35,7 @@ from uvicorn.server import ServerState
 from gateway.sim import memory as sizing
 from gateway.sim.app import ServerIdentity, SimApp
 from gateway.sim.context import ServerContext
-from gateway.sim.engine import DraftSteps, Engine
+from gateway.sim.engine import Engine
 from gateway.sim.faults import Faults, FaultState
 from gateway.sim.live import Device, LiveEngine
 from gateway.sim.profile import Profile, load_profiles, packaged_timings
@@ -51,7 +51,6 @@ from gateway.sim.saver import (
     turns_sizings,
 )
 from gateway.sim.vllm.app import VllmApp, VllmOptions, check_max_num_seqs
-from gateway.sim.vllm.dynamic import ScheduledSteps
 from gateway.sim.vllm.sleep import SleepMode
 
 ENGINES = ("sglang", "vllm")
@@ -131,24 +130,14 @@ class SimOptions:
             seqs = self.vllm.max_num_seqs
             profiles = {n: dataclasses.replace(p, max_running_requests=seqs) for n, p in profiles.items()}
         if self.engine == "vllm" and (self.vllm.draft_schedule or self.vllm.num_speculative_tokens):
-            # k draft tokens a step: the MTP one-step table with plain's step as its base
+            # k draft tokens a step (the schedule's at each batch size, else num_speculative_tokens
+            # every step): the MTP one-step table with plain's step as its base
             # (Profile.spec_step_s), as the SGLang simulator's adaptive server has it.
             mtp = profiles["mtp"]
             k = self.vllm.num_speculative_tokens or mtp.num_steps
-            profiles["mtp"] = dataclasses.replace(mtp, num_steps=k, base_step_ms=profiles["plain"].step_ms)
+            profiles["mtp"] = dataclasses.replace(mtp, num_steps=k, base_step_ms=profiles["plain"].step_ms,
+                                                  draft_schedule=self.vllm.draft_schedule or ((1, 1, k),))
         return profiles
-
-    def draft_steps(self, name: str, profile: Profile) -> DraftSteps | None:
-        """Who picks a vLLM MTP server's draft tokens per step: its dynamic schedule (else
-        num_speculative_tokens, every step)."""
-        if self.engine != "vllm" or name != "mtp" or not profile.speculative:
-            return None
-        if self.vllm.draft_schedule is not None:
-            return ScheduledSteps(self.vllm.draft_schedule, profile.effective_max_running, profile.num_steps)
-        if self.vllm.num_speculative_tokens:
-            k = self.vllm.num_speculative_tokens
-            return ScheduledSteps([(1, 1, k)], profile.effective_max_running, k)
-        return None
 
 
 class _Server(uvicorn.Server):
@@ -174,7 +163,7 @@ class SimServer:
                  footprint: Footprint | None = None) -> None:  # fmt: skip
         self.name = name
         self.faults = FaultState(on_refuse=self._on_refuse)
-        engine = Engine(profile, random.Random(f"{options.seed}:{name}"), options.draft_steps(name, profile))
+        engine = Engine(profile, random.Random(f"{options.seed}:{name}"))
         self.live = LiveEngine(engine, device, options.speed, self.faults)
         if footprint is None:
             hardware = sizing.HARDWARE[options.hardware]

@@ -486,7 +486,7 @@ def test_a_scheduled_mtp_server_drafts_by_the_number_of_requests():
     scheduled requests; at k = 0 no draft is proposed (the memory stays the MTP server's)."""
     options = vllm(vllm=VllmOptions(num_speculative_tokens=2, draft_schedule=((1, 4, 2), (5, 512, 0))))
     profile = options.resolved_profiles()["mtp"]
-    engine = Engine(profile, random.Random(0), options.draft_steps("mtp", profile))
+    engine = Engine(profile, random.Random(0))
 
     def decode_steps(requests: int) -> set[int]:
         for i in range(requests):
