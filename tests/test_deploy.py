@@ -815,3 +815,125 @@ def test_readme_turns_without_docker_matches_compose_turns(compose_turns):
         assert f"{name}={env[name]}" in text.split("\n")[1], name
     # plain is parked before the MTP server starts
     assert text.index("--port 30002") < text.index("gateway.deploy.park") < text.index("--port 30001")
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM 0.33.0: docker/compose.vllm.yaml (split) and compose.vllm-turns.yaml (sleep mode)
+
+VLLM_RELEASE = "0.33.0"
+VLLM_FLAGS_FILE = Path(__file__).resolve().parent / "data" / f"vllm_{VLLM_RELEASE}_flags.txt"
+VLLM_SERVICES = {"mtp": "vllm-mtp", "plain": "vllm-plain"}
+VLLM_FILES = ("compose.vllm.yaml", "compose.vllm-turns.yaml")
+
+
+def _vllm_flag_list() -> set[str]:
+    lines = VLLM_FLAGS_FILE.read_text(encoding="utf-8").splitlines()
+    return {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
+
+
+def _vllm_flags(compose: dict[str, Any], role: str) -> dict[str, str | None]:
+    svc = compose["services"][VLLM_SERVICES[role]]
+    assert svc["entrypoint"] == ["vllm", "serve"]
+    assert svc["image"] == f"vllm/vllm-openai:v{VLLM_RELEASE}"
+    assert isinstance(svc["command"], list), "use the list form: no shell re-splitting"
+    return _flags(svc["command"])
+
+
+def test_vllm_flag_list_is_the_pinned_release_and_regenerates():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("extract_vllm_flags", ROOT / "lab/scripts/extract_vllm_flags.py")
+    assert spec is not None and spec.loader is not None
+    extract_vllm_flags = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extract_vllm_flags)
+    header = [ln for ln in VLLM_FLAGS_FILE.read_text().splitlines() if ln.startswith("#")]
+    assert any(VLLM_RELEASE in ln for ln in header) and any("http" in ln for ln in header)
+    flags = _vllm_flag_list()
+    # the flags both compose files need, and forms argparse adds (BooleanOptionalAction)
+    assert {"--gpu-memory-utilization", "--enable-sleep-mode", "--no-enable-sleep-mode",
+            "--speculative-config", "--max-num-seqs", "--no-enable-prefix-caching", "--headless"} <= flags
+    assert "--num-speculative-tokens" not in flags  # the speculative config's key, not a flag
+    source = Path(os.environ.get("VLLM_SRC", "/nonexistent"))
+    if not (source / "engine" / "arg_utils.py").is_file():
+        pytest.skip("VLLM_SRC (an unpacked vllm 0.33.0 package) not set: the list is not regenerated")
+    assert set(extract_vllm_flags.flags(source)) == flags
+
+
+@pytest.mark.parametrize("name", VLLM_FILES)
+@pytest.mark.parametrize("role", ["mtp", "plain"])
+def test_vllm_servers_use_the_pinned_releases_flags(name, role):
+    flags = _vllm_flags(load_compose(name), role)
+    unknown = set(flags) - _vllm_flag_list()
+    assert not unknown, f"not flags of vLLM {VLLM_RELEASE}'s `vllm serve`: {unknown}"
+
+
+@pytest.mark.parametrize("name", VLLM_FILES)
+def test_vllm_pair_is_one_model_mtp_on_one_side(name):
+    compose = load_compose(name)
+    mtp, plain = (_vllm_flags(compose, r) for r in ("mtp", "plain"))
+    speculative = json.loads(mtp["--speculative-config"] or "")
+    assert speculative == {"method": "mtp", "num_speculative_tokens": 1}  # Qwen3.5's recipe
+    assert "--speculative-config" not in plain
+    for flag in ("--model", "--served-model-name", "--tensor-parallel-size", "--reasoning-parser",
+                 "--tool-call-parser"):
+        assert mtp[flag] == plain[flag], flag
+    assert mtp["--port"] != plain["--port"]
+    for role, flags in (("mtp", mtp), ("plain", plain)):
+        # a Mamba-hybrid model refuses to start with the default 1024 above its Mamba blocks
+        assert flags["--max-num-seqs"] is not None and int(flags["--max-num-seqs"]) < 1024, role
+        svc = compose["services"][VLLM_SERVICES[role]]
+        assert svc["restart"] == "no"
+        urls = re.findall(r"http://[^'\" ]+", " ".join(svc["healthcheck"]["test"]))
+        assert urls == [f"http://127.0.0.1:{flags['--port']}/health"]
+
+
+def test_vllm_split_fractions_of_the_total_fit_and_start_in_order(monkeypatch):
+    compose = load_compose("compose.vllm.yaml")
+    services = compose["services"]
+    utils = [float(_vllm_flags(compose, r)["--gpu-memory-utilization"] or 0) for r in ("mtp", "plain")]
+    assert sum(utils) < 0.95  # fractions of the total: both budgets and both CUDA contexts fit
+    assert "depends_on" not in services["vllm-mtp"]
+    assert services["vllm-plain"]["depends_on"] == {"vllm-mtp": {"condition": "service_healthy"}}
+    gateway = services["gateway"]
+    _check_gateway_service(gateway)
+    assert {k: v["condition"] for k, v in gateway["depends_on"].items()} == {
+        "vllm-mtp": "service_healthy", "vllm-plain": "service_healthy"}
+    settings = _gateway_settings(monkeypatch, gateway["environment"])
+    for role, service in VLLM_SERVICES.items():
+        assert _hostport(settings.backends.get(role).url) == f"{service}:{_vllm_flags(compose, role)['--port']}"
+
+
+def test_vllm_turns_sleep_mode_and_start_order():
+    compose = load_compose("compose.vllm-turns.yaml")
+    services = compose["services"]
+    split = load_compose("compose.vllm.yaml")
+    for role in ("mtp", "plain"):
+        flags = _vllm_flags(compose, role)
+        assert "--enable-sleep-mode" in flags and flags["--enable-sleep-mode"] is None
+        assert services[VLLM_SERVICES[role]]["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
+        sized = {"--enable-sleep-mode", "--gpu-memory-utilization", "--max-num-seqs"}
+        assert {k: v for k, v in flags.items() if k not in sized} == {
+            k: v for k, v in _vllm_flags(split, role).items() if k not in sized}
+    # plain first, asleep (level 1) before MTP starts
+    assert "depends_on" not in services["vllm-plain"]
+    sleeper = services["vllm-sleep"]
+    assert sleeper["depends_on"] == {"vllm-plain": {"condition": "service_healthy"}}
+    assert sleeper["restart"] == "no" and sleeper["build"]["dockerfile"] == "docker/Dockerfile"
+    script = sleeper["command"][2]
+    port = _vllm_flags(compose, "plain")["--port"]
+    assert f'"http://vllm-plain:{port}"' in script and '"/sleep?level=1"' in script
+    assert "/is_sleeping" in script
+    assert services["vllm-mtp"]["depends_on"] == {"vllm-sleep": {"condition": "service_completed_successfully"}}
+    # each awake server's budget beside the other's leftovers (a few GiB) fits the total
+    utils = [float(_vllm_flags(compose, r)["--gpu-memory-utilization"] or 0) for r in ("plain", "mtp")]
+    assert max(utils) <= 0.9 and utils[1] <= utils[0]
+
+
+def test_vllm_turns_host_memory_comment_is_the_generated_one():
+    from gateway.sim import memory
+
+    text = (DOCKER / "compose.vllm-turns.yaml").read_text()
+    start = text.index(memory.COMPOSE_BEGIN.format(shape="vllm-turns"))
+    end = text.index(memory.COMPOSE_END, start) + len(memory.COMPOSE_END)
+    assert text[start:end] == memory.compose_sizing("vllm-turns"), (
+        "regenerate with `python -m gateway.sim.memory --compose vllm-turns`")

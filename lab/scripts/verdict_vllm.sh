@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The first vLLM verdict (issue 29), in virtual time: the split vLLM pair against each single vLLM
+# server (plain, MTP k=1 and k=2, MTP with vLLM issue #49548's dynamic schedule), on the seed and
+# the agent workloads, one hardware profile. What the vLLM servers are in the simulator, and what
+# is approximate: gateway/sim/vllm/profiles.py.
+# Usage: lab/scripts/verdict_vllm.sh HARDWARE OUT_DIR
+set -euo pipefail
+hw="$1"; out="$2"
+targets=(--target vllm-pair --target vllm-plain --target vllm-mtp --target vllm-mtp-k2
+         --target vllm-mtp-dynamic)
+mtp-gateway bench --sim --hardware "$hw" --workload seed --concurrency 1,8,32,64,128 \
+  "${targets[@]}" --no-progress --json "$out/vllm-seed-$hw.json" > "$out/vllm-seed-$hw.md"
+mtp-gateway bench --sim --hardware "$hw" --workload agent --concurrency 4,16,64 --duration 300 \
+  "${targets[@]}" --no-progress --json "$out/vllm-agent-$hw.json" > "$out/vllm-agent-$hw.md"
