@@ -842,7 +842,8 @@ def _vllm_flags(compose: dict[str, Any], role: str) -> dict[str, str | None]:
 def test_vllm_flag_list_is_the_pinned_release_and_regenerates():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("extract_vllm_flags", ROOT / "lab/scripts/extract_vllm_flags.py")
+    script = ROOT / "lab" / "scripts" / "extract_vllm_flags.py"
+    spec = importlib.util.spec_from_file_location("extract_vllm_flags", script)
     assert spec is not None and spec.loader is not None
     extract_vllm_flags = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(extract_vllm_flags)
@@ -900,7 +901,8 @@ def test_vllm_split_fractions_of_the_total_fit_and_start_in_order(monkeypatch):
         "vllm-mtp": "service_healthy", "vllm-plain": "service_healthy"}
     settings = _gateway_settings(monkeypatch, gateway["environment"])
     for role, service in VLLM_SERVICES.items():
-        assert _hostport(settings.backends.get(role).url) == f"{service}:{_vllm_flags(compose, role)['--port']}"
+        port = _vllm_flags(compose, role)["--port"]
+        assert _hostport(settings.backends.get(role).url) == f"{service}:{port}"
 
 
 def test_vllm_turns_sleep_mode_and_start_order():
@@ -923,7 +925,8 @@ def test_vllm_turns_sleep_mode_and_start_order():
     port = _vllm_flags(compose, "plain")["--port"]
     assert f'"http://vllm-plain:{port}"' in script and '"/sleep?level=1"' in script
     assert "/is_sleeping" in script
-    assert services["vllm-mtp"]["depends_on"] == {"vllm-sleep": {"condition": "service_completed_successfully"}}
+    after_sleep = {"vllm-sleep": {"condition": "service_completed_successfully"}}
+    assert services["vllm-mtp"]["depends_on"] == after_sleep
     # each awake server's budget beside the other's leftovers (a few GiB) fits the total
     utils = [float(_vllm_flags(compose, r)["--gpu-memory-utilization"] or 0) for r in ("plain", "mtp")]
     assert max(utils) <= 0.9 and utils[1] <= utils[0]

@@ -186,13 +186,15 @@ def build_targets(names: Sequence[str], hardware: str = memory.DEFAULT_HARDWARE,
 def _vllm_makers(hardware: str, timings: Mapping[str, Profile]) -> dict[str, Callable[[], SimTarget]]:
     """The vLLM targets; each single server beside the vLLM pair's other server, which idles."""
     def beside(name: str, policy: str, role: str, server: Callable[[], Profile]) -> Callable[[], SimTarget]:
-        return lambda: SimTarget(name, policy, {**vllm_profiles.pair(hardware, timings=timings), role: server()})
+        return lambda: SimTarget(name, policy,
+                                 {**vllm_profiles.pair(hardware, timings=timings), role: server()})
 
     def mtp(k: int, schedule: tuple[tuple[int, int, int], ...] = ()) -> Callable[[], Profile]:
         return lambda: vllm_profiles.single("mtp", hardware, k, schedule, timings)
 
     return {
-        "vllm-pair": lambda: SimTarget("vllm-pair", "crossover", vllm_profiles.pair(hardware, timings=timings)),
+        "vllm-pair": lambda: SimTarget("vllm-pair", "crossover",
+                                       vllm_profiles.pair(hardware, timings=timings)),
         "vllm-plain": beside("vllm-plain", "plain-only", "plain",
                              lambda: vllm_profiles.single("plain", hardware, timings=timings)),
         "vllm-mtp": beside("vllm-mtp", "mtp-only", "mtp", mtp(vllm_profiles.RECIPE_K)),

@@ -558,7 +558,8 @@ def compose_sizing(shape: str, hardware_names: tuple[str, ...] = ("rtx-pro-6000"
     if shape not in ("split", "turns", "vllm-turns"):
         raise ValueError(f"unknown shape {shape!r} (split, turns or vllm-turns)")
     if shape == "vllm-turns":
-        return "\n".join([COMPOSE_BEGIN.format(shape=shape), *_compose_vllm_turns(hardware_names), COMPOSE_END])
+        lines = [COMPOSE_BEGIN.format(shape=shape), *_compose_vllm_turns(hardware_names), COMPOSE_END]
+        return "\n".join(lines)
     lines = [COMPOSE_BEGIN.format(shape=shape),
              "# Per GPU at TP 4 with FP8 weights, as SGLang 0.5.23 sizes each server (gateway/sim/memory.py;",
              "# derived, not measured: check each server's startup log, docker/README.md):"]
@@ -753,7 +754,8 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m gateway.sim.memory", description=main.__doc__)
-    parser.add_argument("--compose", choices=("split", "turns", "vllm-turns"), help="print a compose file's block")
+    parser.add_argument("--compose", choices=("split", "turns", "vllm-turns"),
+                        help="print a compose file's block")
     args = parser.parse_args(argv)
     if args.compose:
         print(compose_sizing(args.compose))
