@@ -40,10 +40,12 @@ from tests.test_deploy import (
     GATEWAY_CONFIG_TARGET,
     SGLANG_ENTRYPOINT,
     SGLANG_SERVICES,
+    VLLM_SERVICES,
     _dockerfile_instructions,
     _duration_s,
     _flag_list,
     _flags,
+    _vllm_flag_list,
     load_compose,
 )
 from tests.test_minimal_backend import MinimalOpenAI
@@ -52,7 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
 # The oldest Kubernetes each overlay needs: native sidecars are GA in 1.33 (the PDB's
 # unhealthyPodEvictionPolicy in 1.31); DRA's resource.k8s.io/v1 in 1.34.
-KUBERNETES = {"pair": "1.33", "pools": "1.33", "pair-dra": "1.34", "pair-turns": "1.33"}
+KUBERNETES = {"pair": "1.33", "pools": "1.33", "pair-dra": "1.34", "pair-turns": "1.33",
+              "vllm-pair": "1.33"}
 OVERLAYS = ["pair", "pools", "pair-dra"]  # the split shape; pair-turns has its own tests below
 NAMESPACE = "mtp-gateway"
 ABORT_WAIT_S = 2.0  # gateway/app.py lifespan: how long the shutdown waits for aborts in flight
@@ -607,3 +610,73 @@ def test_turns_gpus_fractions_and_host_memory(turns, compose_turns) -> None:
                                                       "sizeLimit": f"{host[role].tmpfs_gib}Gi"}
     assert len({m["name"] for s in (plain, mtp) for m in s["volumeMounts"]
                 if m["mountPath"].startswith("/hicache")}) == 2  # never one store for both
+
+
+# ---------------------------------------------------------------------------------------------
+# The vLLM pair: overlays/vllm-pair (docker/compose.vllm.yaml on Kubernetes)
+
+
+@pytest.fixture(scope="module")
+def vllm_docs() -> list[dict[str, Any]]:
+    return render("vllm-pair")
+
+
+def vllm_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(docs, "StatefulSet", "vllm-pair")["spec"]["template"]["spec"]
+
+
+def test_vllm_documents_validate_and_land_in_one_namespace(vllm_docs) -> None:
+    for doc in vllm_docs:
+        try:
+            validate(doc, KUBERNETES["vllm-pair"])
+        except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as exc:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at "
+                        f"{'/'.join(map(str, exc.absolute_path))}")
+    test_everything_lands_in_one_namespace(vllm_docs)
+
+
+@pytest.mark.parametrize("role", ["mtp", "plain"])
+def test_vllm_flags_are_exactly_compose_vllm_flags(vllm_docs, role) -> None:
+    service = load_compose("compose.vllm.yaml")["services"][VLLM_SERVICES[role]]
+    server = container(vllm_pod(vllm_docs), VLLM_SERVICES[role])
+    assert server["command"] == service["entrypoint"] and server["image"] == service["image"]
+    args = expand(server["args"], container_env(vllm_docs, server))
+    assert args == service["command"]  # compose's defaults, flag for flag and in order
+    assert set(_flags(args)) <= _vllm_flag_list()
+
+
+def test_vllm_pair_shares_gpus_and_starts_mtp_first(vllm_docs) -> None:
+    pod = vllm_pod(vllm_docs)
+    mtp, plain = (container(pod, VLLM_SERVICES[r]) for r in ("mtp", "plain"))
+    tp = int(_flags(expand(mtp["args"], container_env(vllm_docs, mtp)))["--tensor-parallel-size"])
+    assert int(mtp["resources"]["limits"]["nvidia.com/gpu"]) == tp
+    assert "nvidia.com/gpu" not in plain.get("resources", {}).get("limits", {})
+    assert container_env(vllm_docs, plain)["NVIDIA_VISIBLE_DEVICES"] == "all"
+    # the MTP server is a sidecar whose startup probe gates the plain server's start
+    assert mtp in pod["initContainers"] and mtp["restartPolicy"] == "Always"
+    assert plain in pod["containers"]
+    start_period = _duration_s(load_compose("compose.vllm.yaml")["services"]["vllm-mtp"]["healthcheck"]
+                               ["start_period"])
+    for server in (mtp, plain):
+        probe = server["startupProbe"]
+        assert probe["httpGet"]["path"] == "/health"
+        assert port_number(server, probe["httpGet"]["port"]) == int(_flags(server["args"])["--port"])
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= start_period
+        assert "livenessProbe" not in server
+
+
+def test_gateway_backends_reach_the_vllm_pair_servers(vllm_docs, tmp_path, monkeypatch) -> None:
+    settings = gateway_settings(vllm_docs, tmp_path, monkeypatch)
+    pair = find(vllm_docs, "StatefulSet", "vllm-pair")
+    headless = find(vllm_docs, "Service", pair["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"]
+    for role in ("mtp", "plain"):
+        url = urlsplit(settings.backends.get(role).url)
+        assert url.hostname == f"{pair['metadata']['name']}-0.{headless['metadata']['name']}"
+        server = container(pair["spec"]["template"]["spec"], VLLM_SERVICES[role])
+        assert url.port == int(_flags(server["args"])["--port"])
+    # each server scraped as its own Prometheus job
+    (monitor,) = [m for m in of_kind(vllm_docs, "ServiceMonitor") if m["metadata"]["name"] == "vllm"]
+    scraped = {s["metadata"]["name"] for s in of_kind(vllm_docs, "Service")
+               if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])}
+    assert scraped == set(VLLM_SERVICES.values())
