@@ -940,3 +940,43 @@ def test_vllm_turns_host_memory_comment_is_the_generated_one():
     end = text.index(memory.COMPOSE_END, start) + len(memory.COMPOSE_END)
     assert text[start:end] == memory.compose_sizing("vllm-turns"), (
         "regenerate with `python -m gateway.sim.memory --compose vllm-turns`")
+
+
+@pytest.mark.timeout(30)
+async def test_vllm_sleep_service_puts_the_first_server_to_sleep_once():
+    """compose.vllm-turns.yaml's vllm-sleep script, run against the simulated vLLM pair in dev
+    mode: plain asleep at level 1; run again, nothing changes; with MTP up, nothing is touched."""
+    import asyncio
+    import sys
+
+    import httpx
+
+    from gateway.sim.server import SimOptions, start_sim_pair
+    from gateway.sim.vllm.app import VllmOptions
+
+    script = load_compose("compose.vllm-turns.yaml")["services"]["vllm-sleep"]["command"][2]
+
+    async def run(first: str, other: str) -> tuple[int, str]:
+        code = script.replace('"http://vllm-plain:30002"', repr(first)).replace(
+            '"http://vllm-mtp:30001"', repr(other))
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code,
+                                                    stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        return proc.returncode or 0, out.decode()
+
+    options = SimOptions(speed=200, engine="vllm", vllm=VllmOptions(dev_mode=True))
+    async with start_sim_pair(options) as pair, httpx.AsyncClient(timeout=5) as http:
+        plain, mtp = pair.urls["plain"], pair.urls["mtp"]
+        # with the other server up the pair is the controller's: nothing is done
+        code, out = await run(plain, mtp)
+        assert code == 0 and "nothing done" in out
+        assert (await http.get(plain + "/is_sleeping")).json() == {"is_sleeping": False}
+        code, out = await run(plain, CLOSED)
+        assert code == 0, out
+        assert (await http.get(plain + "/is_sleeping")).json() == {"is_sleeping": True}
+        held = pair.servers["plain"].saver.device.holding("plain")
+        code, out = await run(plain, CLOSED)  # compose up again: a sleep while asleep is a no-op
+        assert code == 0, out
+        assert pair.servers["plain"].saver.device.holding("plain") == held
+        assert 'sleep_state="weights_offloaded"} 1.0' in (await http.get(plain + "/metrics")).text
