@@ -729,7 +729,10 @@ def _host_memory_cell(m: HostMemory, markdown: bool = False) -> str:
 def _compose_vllm_turns(hardware_names: tuple[str, ...]) -> list[str]:
     """vLLM 0.33.0's level-1 sleep copies the sleeping server's weights (target and MTP draft) to
     pinned host memory allocated at the sleep and freed at the wake (device_allocator/cumem.py
-    :255-298, :355-360); one server sleeps at a time. The weights are this module's (FP8, TP 4)."""
+    :255-298, :355-360); one server sleeps at a time. The weights are this module's (FP8, TP 4).
+    The "runtime" and "cudagraph" pools are offloaded too (device_allocator/sleep_mode_backend.py
+    :127-137) and are not counted: the graphs are in that pool only with
+    --sleep-mode-offload-cudagraph."""
     lines = ["# Host memory of a level-1 sleep: the sleeping server's weights (target + MTP draft) in pinned",
              "# host memory, allocated at each sleep and freed at its wake; one server sleeps at a time.",
              "# Per node at TP 4 with FP8 weights (gateway/sim/memory.py's weight sizes; approximate: vLLM's",

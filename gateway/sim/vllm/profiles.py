@@ -5,8 +5,8 @@ split pair.
 What is vLLM's here, and what is not:
 
 - **the running cap**: vLLM has no speculative reset of the cap (``config/speculative.py`` never
-  touches ``max_num_seqs``, unlike SGLang's 48); ``--max-num-seqs`` defaults to 1024 on a
-  70-160 GiB GPU (``engine/arg_utils.py:2940-3039``), and a Mamba-hybrid model does not start
+  touches ``max_num_seqs``, unlike SGLang's 48); ``--max-num-seqs`` defaults to 1024 on a GPU
+  of 70 GiB or more (``engine/arg_utils.py:2973-2996``), and a Mamba-hybrid model does not start
   when it is above its Mamba cache blocks (``config/compilation.py:1511-1531``), so a deployment
   sets it to what the Mamba pool runs. The sizing asks for 1024 and keeps what the pool runs.
 - **the draft tokens per step**: ``num_speculative_tokens`` k at every step, or the dynamic
@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from gateway.sim import memory
 from gateway.sim.profile import Profile, packaged_timings
 
-# --max-num-seqs' default on a 70-160 GiB GPU (engine/arg_utils.py:2940-3039).
+# --max-num-seqs' default for the API server on a GPU of 70 GiB or more
+# (engine/arg_utils.py:2973-2996).
 MAX_NUM_SEQS = 1024
 # --speculative-config '{"method": "mtp", "num_speculative_tokens": 1}': Qwen3.5's recipe.
 RECIPE_K = 1
