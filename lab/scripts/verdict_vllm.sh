@@ -8,7 +8,11 @@ set -euo pipefail
 hw="$1"; out="$2"
 targets=(--target vllm-pair --target vllm-plain --target vllm-mtp --target vllm-mtp-k2
          --target vllm-mtp-dynamic)
-mtp-gateway bench --sim --hardware "$hw" --workload seed --concurrency 1,8,32,64,128 \
-  "${targets[@]}" --no-progress --json "$out/vllm-seed-$hw.json" > "$out/vllm-seed-$hw.md"
-mtp-gateway bench --sim --hardware "$hw" --workload agent --concurrency 4,16,64 --duration 300 \
-  "${targets[@]}" --no-progress --json "$out/vllm-agent-$hw.json" > "$out/vllm-agent-$hw.md"
+bench() {  # bench NAME ARGS...: the table in $out/vllm-NAME-$hw.md, under the command that made it
+  local name="$1"; shift
+  { echo "Command: \`mtp-gateway bench $*\` (lab/scripts/verdict_vllm.sh $hw $out)"; echo
+    mtp-gateway bench "$@" --json "$out/vllm-$name-$hw.json"; } > "$out/vllm-$name-$hw.md"
+}
+bench seed --sim --hardware "$hw" --workload seed --concurrency 1,8,32,64,128 "${targets[@]}" --no-progress
+bench agent --sim --hardware "$hw" --workload agent --concurrency 4,16,64 --duration 300 "${targets[@]}" \
+  --no-progress
