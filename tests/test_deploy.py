@@ -9,6 +9,10 @@
 - the sizing comments of both compose files and docker/README.md's table are the ones
   gateway/sim/memory.py generates;
 - the Dockerfile and .dockerignore;
+- vLLM 0.33.0's pair (compose.vllm.yaml, compose.vllm-turns.yaml): every flag in the pinned
+  `vllm serve` list (tests/data, lab/scripts/extract_vllm_flags.py), the start order, sleep mode's
+  flags and environment, the level-1 sleep step against the simulated vLLM server, and the host
+  memory comment gateway/sim/memory.py generates;
 - the Grafana provisioning and dashboard, and that every metric a panel queries is one the
   gateway (documented contract below) or SGLang (its observability/metrics_collector.py) exports.
 

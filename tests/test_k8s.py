@@ -10,6 +10,8 @@
   servers' ports, the SGLang flags are exactly docker/compose.yaml's (and in the pinned 0.5.23
   flag list, shared with tests/test_deploy.py), the pair shares its GPUs and starts in
   compose's order, and the routers' arguments parse with sglang-router's own parser.
+- The vLLM overlay (vllm-pair): docker/compose.vllm.yaml's servers, flags in vLLM 0.33.0's list,
+  the same start order and GPU sharing as the SGLang pair.
 - The turns overlay (pair-turns): docker/compose.turns.yaml's servers and order, the one gateway
   beside each pair driving its turns, probes on /ping only, the fractions safe, host memory.
 """
