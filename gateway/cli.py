@@ -61,28 +61,27 @@ async def demo(settings: Settings, config_path: Path | None, log_level: str,
     from gateway.app import create_app
     from gateway.sim.memory import TURNS_FIRST
     from gateway.sim.server import SimOptions, start_sim_pair
+    from gateway.sim.vllm.app import VllmOptions
 
     if memory is not None:
         settings = settings.model_copy(update={"memory": memory})
-    settings = device_time_at_speed(settings, speed)
+    settings = device_time_at_speed(settings.model_copy(update={"engine": engine}), speed)
     shape = settings.memory_of(settings.fleet()[0])
-    if engine == "vllm" and shape == "turns":
-        # The turns controller drives SGLang's memory saver; vLLM's sleep mode is not wired yet.
-        raise ConfigError("demo --engine vllm runs the split pair only: the turns controller "
-                          "does not drive vLLM's sleep mode yet (use --memory split)")
     turns = shape == "turns" or (shape == "auto" and engine == "sglang")
     sim_memory = "turns" if turns else "split"
     options = SimOptions(speed=speed, mtp_port=_port(settings.backends.mtp.url),
                          plain_port=_port(settings.backends.plain.url), memory=sim_memory,
-                         engine=engine)
+                         engine=engine, vllm=VllmOptions(dev_mode=sim_memory == "turns"))
     name = "vLLM" if engine == "vllm" else "SGLang"
     if sim_memory == "turns":
         first = TURNS_FIRST
         second = next(role for role in ROLES if role != first)
-        say(f"starting the simulated SGLang pair with the memory saver: {first} starts and is "
-            f"parked (paused, its memory released: its first release copies its weights to host "
-            f"memory, as SGLang's does: ~{PARK_S / speed:.0f} s at --speed {speed:g}), then "
-            f"{second} starts on the memory {first} freed ...")
+        parked = ("with the memory saver: {} starts and is parked (paused, its memory released: its "
+                  "first release copies its weights to host memory, as SGLang's does" if engine == "sglang"
+                  else "in sleep mode: {} starts and sleeps (level 1: its weights copied to a fresh host "
+                  "buffer, as vLLM's allocator does").format(first)
+        say(f"starting the simulated {name} pair {parked}: ~{PARK_S / speed:.0f} s at --speed "
+            f"{speed:g}), then {second} starts on the memory {first} freed ...")
     started = time.monotonic()
     async with start_sim_pair(options) as pair:
         say(f"simulated {name} pair ({sim_memory} memory, up in {time.monotonic() - started:.1f} s): "
@@ -203,8 +202,9 @@ def add_memory_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory", choices=("split", "turns"), default=None,
                         help="how the pair shares its GPUs' memory: split (each its share) or "
                         "turns (each sized for all of it, handed over by the gateway with "
-                        "SGLang's memory saver); default: the configuration's `memory` (auto, "
-                        "its default: the simulated pair with the memory saver, so turns)")
+                        "SGLang's memory saver or vLLM's sleep mode); default: the configuration's "
+                        "`memory` (auto, its default: the simulated SGLang pair with the memory "
+                        "saver, so turns; a vLLM pair splits)")
 
 
 def _port(url: str) -> int:

@@ -31,6 +31,9 @@ MemoryShape = Literal["split", "turns"]
 # What the configuration asks: a shape, or auto: turns where both servers report the memory
 # saver in /server_info, split otherwise (gateway/turns/shape.py).
 MemorySetting = Literal["auto", "split", "turns"]
+# What a pair's two servers are (gateway/upstream/engine/: one module each): SGLang 0.5.23 or
+# vLLM 0.33.0. The pair's own `engine`, else the top-level one (`Settings.engine_of`).
+EngineName = Literal["sglang", "vllm"]
 
 
 class _Frozen(BaseModel):
@@ -125,6 +128,7 @@ class Pair(_Frozen):
     plain: Backend
     routing: dict[str, Any] = Field(default_factory=dict)  # this pair's own routing values
     memory: MemorySetting | None = None  # None: the top-level `memory`
+    engine: EngineName | None = None  # None: the top-level `engine`
     controller_url: str | None = None  # turns: the gateway driving it (None: turns.controller_url)
 
     @field_validator("name")
@@ -303,6 +307,7 @@ class Settings(BaseSettings):
     monitor: Monitor = Monitor()
     log: Log = Log()
     memory: MemorySetting = "auto"  # every pair's, unless the pair says
+    engine: EngineName = "sglang"  # every pair's, unless the pair says
     turns: Turns = Turns()
 
     @model_validator(mode="after")
@@ -328,6 +333,10 @@ class Settings(BaseSettings):
 
     def memory_of(self, pair: Pair) -> MemorySetting:
         return pair.memory or self.memory
+
+    def engine_of(self, pair: Pair) -> EngineName:
+        """What the pair's servers are: the one place the engine is chosen."""
+        return pair.engine or self.engine
 
     def controller_of(self, pair: Pair) -> str | None:
         """A turns pair's controller when another gateway drives it (None: this one)."""

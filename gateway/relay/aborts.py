@@ -1,5 +1,7 @@
 """Upstream aborts: stop a backend's work on a request the client no longer wants now,
-instead of SGLang's own check 2 s after the socket closes."""
+instead of SGLang's own check 2 s after the socket closes. An engine without an abort
+endpoint (vLLM: `ABORT` None) stops the request when its connection closes, and nothing more
+is sent."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import asyncio
 
 from gateway.relay.exchange import Exchange
 from gateway.upstream.client import Upstream
-from gateway.upstream.engine import sglang as engine
+from gateway.upstream.engine.seam import engine_of
 
 
 class Aborts:
@@ -21,6 +23,9 @@ class Aborts:
             exchange.upstream.close()
             exchange.upstream = None
         backend = exchange.lease.backend
+        engine = engine_of(backend)
+        if engine.ABORT is None:
+            return
         for rid in exchange.inbound.abort_rids:
             task = asyncio.create_task(engine.abort(self.upstream, backend.target, backend.name, rid))
             self.background.add(task)

@@ -21,7 +21,7 @@ from gateway.relay.client_io import ClientWriter
 from gateway.relay.deadlines import KEEPALIVE
 from gateway.relay.exchange import RECENT_CHUNKS, Exchange
 from gateway.upstream.client import UpstreamResponse
-from gateway.upstream.engine import sglang as engine
+from gateway.upstream.engine.seam import engine_of
 
 KEEPALIVE_COMMENT = b": keep-alive\n\n"
 
@@ -72,7 +72,7 @@ async def pump(exchange: Exchange, send: Send, response: UpstreamResponse, first
     mark = error_mark(exchange.inbound.path, exchange.inbound.api) if stop_at_error else None
     if mark is not None and first.find(mark) >= 0:  # the attempt may have read it all at once
         first = _before_error(exchange, first, response)
-    unasked = (engine.USAGE_CHUNK if exchange.inbound.usage_asked
+    unasked = (engine_of(exchange.lease.backend).USAGE_CHUNK if exchange.inbound.usage_asked
                and not exchange.lease.backend.usage_by_default else None)
     if first:  # already framed (the attempt read it): kept, and sent by `send`
         recent.append(first)

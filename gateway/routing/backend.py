@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.config import Backend, Role
+from gateway.config import Backend, EngineName, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +71,7 @@ class BackendState:
     pair: str
     role: Role
     target: Backend  # url and keys
+    engine: EngineName = "sglang"  # what the server is (its pair's: Settings.engine_of)
     circuit_rules: CircuitRules = field(default_factory=CircuitRules)
     probe_rules: ProbeRules = field(default_factory=ProbeRules)
     # --- written by the lease

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.config import Backend, Role, Routing, Settings
+from gateway.config import Backend, EngineName, Role, Routing, Settings
 from gateway.routing.backend import BackendState
 from gateway.routing.crossover import Advice, CrossoverEstimator
 from gateway.routing.policy import effective_crossover
@@ -18,11 +18,13 @@ class PairSpec:
     mtp: Backend
     plain: Backend
     routing: Routing
+    engine: EngineName = "sglang"
 
 
 def pair_specs(settings: Settings) -> list[PairSpec]:
     """The configured pairs, each with its routing section (`backends` alone: one pair)."""
-    return [PairSpec(p.name, p.mtp, p.plain, settings.routing_for(p)) for p in settings.fleet()]
+    return [PairSpec(p.name, p.mtp, p.plain, settings.routing_for(p),
+                     settings.engine_of(p)) for p in settings.fleet()]
 
 
 class MemoryGate(Protocol):

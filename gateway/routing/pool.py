@@ -57,7 +57,7 @@ class Pool:
                 name = role if single else f"{spec.name}/{role}"  # one pair: today's names
                 members[role] = self.backends[name] = BackendState(  # type: ignore[index]
                     name, spec.name, role, target,  # type: ignore[arg-type]
-                    circuit_rules=circuit, probe_rules=probe)
+                    circuit_rules=circuit, probe_rules=probe, engine=spec.engine)
             self.pairs[spec.name] = PairState(spec.name, spec.routing, members, mode_since=now)
         self.sessions = SessionMap(max_sessions)
         self.use_backend_loads = use_backend_loads

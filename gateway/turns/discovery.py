@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from gateway.config import ROLES, Role
-from gateway.turns.state import Memory, PairMemory, Step, other
+from gateway.turns.state import HANDOVERS, Handover, Memory, PairMemory, Step, other
 from gateway.upstream.engine.probe import Probe
 
 SETTLE_ATTEMPTS = 3  # plans in a row that failed before the pair is stuck (retried slowly)
@@ -26,6 +26,9 @@ def resolve(memory: Memory, probe: Probe) -> Memory:
     """One server's memory from what was known and what the probe found."""
     if not probe.alive:
         return "gone"
+    if probe.asleep is not None and probe.scheduler_answers:
+        # it says (vLLM's /is_sleeping, answered after any sleep or wake sent before it)
+        return "released" if probe.asleep else "held"
     if memory == "releasing":
         return "released" if probe.scheduler_answers else "releasing"
     if memory == "resuming":
@@ -56,13 +59,13 @@ def discovered(state: PairMemory, probes: Mapping[Role, Probe], preferred: Role,
     without = [role for role in ROLES if probes[role].memory_saver is False]
     if without:  # its release would free nothing, and the other's resume would then hang
         base = replace(base, cannot_turn=f"{', '.join(without)} runs without "
-                       "--enable-memory-saver: a turns pair needs it on both servers")
+                       f"{HANDOVERS[state.engine].needs}: a turns pair needs it on both servers")
     if state.failed_plans >= SETTLE_ATTEMPTS:
         return replace(base, phase="stuck", plan=(), target=None,
                        why=f"{state.failed_plans} settling plans failed in a row")
     if state.avoid is not None:
         preferred = other(state.avoid)
-    plan, target, why = _settle_plan(facts, probes, preferred)
+    plan, target, why = _settle_plan(facts, probes, preferred, HANDOVERS[state.engine])
     if target is None:
         return replace(base, phase="stuck", plan=(), target=None, why=why)
     if not plan:
@@ -71,14 +74,14 @@ def discovered(state: PairMemory, probes: Mapping[Role, Probe], preferred: Role,
     return replace(base, phase="settling", plan=plan, target=target, why="")
 
 
-def _settle_plan(facts: Mapping[Role, Memory], probes: Mapping[Role, Probe], preferred: Role
-                 ) -> tuple[tuple[Step, ...], Role | None, str]:
+def _settle_plan(facts: Mapping[Role, Memory], probes: Mapping[Role, Probe], preferred: Role,
+                 handover: Handover) -> tuple[tuple[Step, ...], Role | None, str]:
     doubt = [role for role in ROLES if facts[role] in ("releasing", "unknown")]
     held = [role for role in ROLES if facts[role] == "held"]
     steps: list[Step] = []
     if len(held) == 2:  # both resident (started unparked): the one not wanted gives way
         holder = preferred
-        steps += [Step("pause", other(holder)), Step("release", other(holder))]
+        steps += [Step(action, other(holder)) for action in handover.give_up]
     elif len(held) == 1:
         holder = held[0]
     else:
@@ -92,10 +95,10 @@ def _settle_plan(facts: Mapping[Role, Memory], probes: Mapping[Role, Probe], pre
             states = ", ".join(f"{role} {facts[role]}" for role in ROLES)
             return (), None, f"no server can take the memory ({states})"
         holder = preferred if preferred in takers else takers[0]
-        steps += [Step("check_memory", holder), Step("resume", holder)]
+        steps += [Step("check_memory", holder), Step(handover.take, holder)]
     if steps or not probes[holder].ready:
-        steps += [Step("continue", holder), Step("check_ready", holder)]
-    if any(step.action == "resume" for step in steps) and holder == "mtp":
+        steps += [Step(action, holder) for action in handover.serve]
+    if any(step.action == handover.take for step in steps) and holder == "mtp":
         steps.append(Step("check_speculation", holder))
     if probes[other(holder)].alive:  # what waits on the other server comes to the holder;
         # what was continued there (a hand-off at a failed turn) cannot go on: it ends, in

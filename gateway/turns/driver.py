@@ -1,9 +1,9 @@
 """The one task per turns pair that does the I/O its memory state asks for.
 
 The state (gateway/turns/state.py) says which step comes next; this task performs it (each
-step's I/O: gateway/turns/steps.py), one control call at a time (serialized: one task per
-pair), each with its timeout, and records the result back into the state. Nothing else
-sends a memory-saver call to the pair's servers. After a failure the servers are probed and
+step's I/O: gateway/turns/steps.py, in the pair's engine's calls), one control call at a time
+(serialized: one task per pair), each with its timeout, and records the result back into the
+state. Nothing else sends a memory-saver or sleep-mode call to the pair's servers. After a failure the servers are probed and
 the state settles the pair (gateway/turns/discovery.py); a pair with no safe step is probed
 again every `turns.stuck_retry_s`.
 
@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from gateway.config import ROLES, Role
+from gateway.config import ROLES, EngineName, Role
 from gateway.turns import nvml
 from gateway.turns.discovery import discovered, rediscover
 from gateway.turns.handles import PairHandles
@@ -72,13 +72,14 @@ class Wish(Protocol):
 class PairDriver:
     def __init__(self, pair: PairHandles, *, wish: Wish, journal: Journal,
                  events: TurnEvents | None = None,
-                 free_fractions: Callable[[], list[float] | None] = nvml.free_fractions) -> None:
+                 free_fractions: Callable[[], list[float] | None] = nvml.free_fractions,
+                 engine: EngineName = "sglang") -> None:
         self.pair = pair
         self.wish = wish
         self.journal = journal
         self.events = events
         self.steps = StepCalls(pair, free_fractions)
-        self.state = from_journal(journal.read(pair.name), pair.clock())
+        self.state = from_journal(journal.read(pair.name), pair.clock(), engine)
         self.turns_done = 0
         self._turn_started: float | None = None
         self._reprobe_at = 0.0
@@ -131,7 +132,8 @@ class PairDriver:
                 raise
             except Exception:  # a bug must not leave the pair without its one driver
                 log.exception("pair %s: turns driver failed; settling again", self.pair.name)
-                self._set(initial(self.pair.clock(), dict(self.state.memory)))  # what was known
+                self._set(initial(self.pair.clock(), dict(self.state.memory),  # what was known
+                                  self.state.engine))
                 await asyncio.sleep(self.pair.turns.stuck_retry_s)
 
     async def _next(self) -> None:
@@ -165,7 +167,7 @@ class PairDriver:
         self._reprobe_at = self.pair.clock() + self.pair.turns.stuck_retry_s
         if self.state.of(role) not in ("gone", "hung"):
             return
-        probe = await self.pair.savers[role].probe(self.pair.turns.call_timeout_s)
+        probe = await self.pair.controls[role].probe(self.pair.turns.call_timeout_s)
         state = reprobed(self.state, role, probe)
         if state is not self.state:
             log.warning("pair %s: %s answers again, paused: it may take the memory again",
@@ -184,7 +186,7 @@ class PairDriver:
 
     async def _discover(self) -> None:
         timeout = self.pair.turns.call_timeout_s
-        found = await asyncio.gather(*(self.pair.savers[role].probe(timeout) for role in ROLES))
+        found = await asyncio.gather(*(self.pair.controls[role].probe(timeout) for role in ROLES))
         probes: dict[Role, Probe] = dict(zip(ROLES, found, strict=True))
         fractions = self.steps.free_fractions() if self.pair.turns.check_memory else None
         free = None if fractions is None else all(

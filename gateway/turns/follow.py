@@ -91,7 +91,7 @@ class FollowDriver:
             log.warning("pair %s: controller %s does not answer: following the servers' "
                         "readiness", self.pair.name, self.url)
         self.via = "readiness"
-        ready = await asyncio.gather(*(self.pair.savers[role].ready(timeout) for role in ROLES))
+        ready = await asyncio.gather(*(self.pair.controls[role].ready(timeout) for role in ROLES))
         serving = [role for role, ok in zip(ROLES, ready, strict=True) if ok]
         holder = serving[0] if len(serving) == 1 else None
         return {"phase": "holding" if holder else "discovering", "holder": holder,

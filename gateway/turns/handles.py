@@ -1,7 +1,8 @@
-"""What a turns pair's task works through: its servers, their memory-saver calls, the relay's
-streams, the settings and the clock. One value per pair, built by gateway/turns/wiring.py and
-held by the pair's one task: the controller's driver (gateway/turns/driver.py) or a replica
-that follows it (gateway/turns/follow.py)."""
+"""What a turns pair's task works through: its servers, their engine's hand-over calls
+(SGLang's memory saver, vLLM's sleep mode), the relay's streams, the settings and the clock.
+One value per pair, built by gateway/turns/wiring.py and held by the pair's one task: the
+controller's driver (gateway/turns/driver.py) or a replica that follows it
+(gateway/turns/follow.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Protocol
 
 from gateway.config import Role, Turns
 from gateway.routing.backend import BackendState
-from gateway.upstream.engine.sglang import MemorySaver
+from gateway.upstream.engine.seam import Control
 
 
 class Streams(Protocol):
@@ -41,7 +42,7 @@ class Streams(Protocol):
 class PairHandles:
     name: str
     backends: Mapping[Role, BackendState]
-    savers: Mapping[Role, MemorySaver]
+    controls: Mapping[Role, Control]  # the engine's calls to each server (seam.Engine.control)
     streams: Streams
     turns: Turns
     on_change: Callable[[], None] = lambda: None  # where new requests may go changed
@@ -49,6 +50,7 @@ class PairHandles:
 
     def park(self, admitting: Role | None) -> None:
         """The server not admitting is parked: the monitor leaves it alone (a paused SGLang
-        server answers 503 on /ready and /health, HS:714-798, and is not down)."""
+        server answers 503 on /ready and /health, HS:714-798, and is not down; a sleeping vLLM
+        server's load says nothing)."""
         for role, backend in self.backends.items():
             backend.set_parked(role != admitting)

@@ -9,7 +9,7 @@ import logging
 import os
 from pathlib import Path
 
-from gateway.config import ROLES, Role
+from gateway.config import ROLES, EngineName, Role
 from gateway.turns.state import MEMORIES, Memory, PairMemory, initial
 
 log = logging.getLogger("mtp_gateway.turns")
@@ -22,7 +22,7 @@ def journal(state: PairMemory) -> dict[str, object]:
             "step": None if step is None else str(step)}
 
 
-def from_journal(data: object, now: float) -> PairMemory:
+def from_journal(data: object, now: float, engine: EngineName = "sglang") -> PairMemory:
     """The state after a restart, from a journal (anything unreadable: nothing known)."""
     memory = data.get("memory") if isinstance(data, dict) else None
     known: dict[Role, Memory] = {}
@@ -31,7 +31,7 @@ def from_journal(data: object, now: float) -> PairMemory:
             value = memory.get(role)
             if value in MEMORIES:
                 known[role] = value
-    return initial(now, known)
+    return initial(now, known, engine)
 
 
 class Journal:

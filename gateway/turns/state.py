@@ -24,6 +24,14 @@ from `held` / `released` respectively, exactly once, and never both servers hold
 After a failure, the facts above and fresh probes decide (gateway/turns/discovery.py): the
 pair ends serving on the one server that holds the memory, or on the one that can take it.
 What of this survives a restart: gateway/turns/journal.py.
+
+A vLLM pair (`engine: vllm`) hands its memory over with sleep mode (`HANDOVERS`): one `sleep`
+(level 1) in place of pause + release, one `wake_up` in place of resume + continue, with the
+same facts (`releasing` while a sleep is unanswered, `resuming` while a wake is). Its running
+streams finish first: the incoming server is asleep and a continuation needs what vLLM does
+not serve (docs/turns.md). Nothing in sleep mode kills a server, but the same order holds: a
+wake while the other holds fails (500, still asleep: v1/engine/core.py:1848-1851), and
+arrivals sent to a sleeping server hang there.
 """
 
 from __future__ import annotations
@@ -32,22 +40,48 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gateway.config import ROLES, Role
+from gateway.config import ROLES, EngineName, Role
 from gateway.upstream.engine.probe import FailureKind, Probe
 
 Memory = Literal["held", "released", "releasing", "resuming", "unknown", "gone", "hung"]
 MEMORIES: tuple[Memory, ...] = Memory.__args__  # type: ignore[attr-defined]
 Phase = Literal["discovering", "settling", "holding", "handing", "stuck"]
 PHASES: tuple[Phase, ...] = Phase.__args__  # type: ignore[attr-defined]
-Action = Literal["stop_admitting", "move_unstarted", "running_streams", "keep_caches", "pause",
-                 "release", "check_memory", "resume", "continue", "check_ready",
-                 "check_speculation", "end_streams"]
+Action = Literal["stop_admitting", "move_unstarted", "running_streams", "finish_streams",
+                 "keep_caches", "pause", "release", "sleep", "check_memory", "resume", "wake_up",
+                 "continue", "check_ready", "check_speculation", "end_streams"]
 ACTIONS: tuple[Action, ...] = Action.__args__  # type: ignore[attr-defined]
 FAILURE_KINDS: tuple[FailureKind, ...] = FailureKind.__args__  # type: ignore[attr-defined]
 
 
 def other(role: Role) -> Role:
     return "plain" if role == "mtp" else "mtp"
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """How one engine's server gives the memory up and takes it back, as steps."""
+
+    streams: tuple[Action, ...]  # at a turn, on the outgoing server before it gives up
+    give_up: tuple[Action, ...]  # its memory (the call that frees it is the last)
+    take: Action  # the call that maps the incoming server's memory back
+    serve: tuple[Action, ...]  # then, until it takes requests again
+    needs: str  # what both servers must be started with
+
+
+# SGLang: running streams continue on the paused incoming server (its tokenizer holds them
+# until /continue_generation), the prefix cache is written out first, pause then release.
+# vLLM: running streams finish first, one sleep (level 1; mode: gateway/upstream/engine/
+# vllm.py SLEEP_MODE), one wake_up, then ready once /is_sleeping says awake (/health does not).
+HANDOVERS: dict[EngineName, Handover] = {
+    "sglang": Handover(streams=("running_streams", "keep_caches"), give_up=("pause", "release"),
+                       take="resume", serve=("continue", "check_ready"),
+                       needs="--enable-memory-saver"),
+    "vllm": Handover(streams=("finish_streams",), give_up=("sleep",), take="wake_up",
+                     serve=("check_ready",), needs="VLLM_SERVER_DEV_MODE=1 (sleep mode's endpoints)"),
+}
+GIVES_UP: frozenset[Action] = frozenset({"release", "sleep"})  # answered 200: memory released
+TAKES: frozenset[Action] = frozenset({"resume", "wake_up"})  # answered 200: memory held
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +115,7 @@ class PairMemory:
     avoid: Role | None = None  # a server that failed to take the memory: the other first
     cannot_turn: str = ""  # why no turn may start (the pair serves on its holder)
     why: str = ""  # stuck: what nothing safe could be done about
+    engine: EngineName = "sglang"  # what the two servers are: which calls hand the memory over
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -108,11 +143,13 @@ class PairMemory:
         return other(self.target) if self.phase == "handing" and self.target else None
 
 
-def initial(now: float, memory: Mapping[Role, Memory] | None = None) -> PairMemory:
+def initial(now: float, memory: Mapping[Role, Memory] | None = None,
+            engine: EngineName = "sglang") -> PairMemory:
     """At start: what the journal says (else nothing), to be settled by discovery."""
     known = dict(memory or {})
     facts = tuple((role, known.get(role, "unknown")) for role in ROLES)
-    return PairMemory("discovering", _after_restart(facts), since=now, step_since=now)
+    return PairMemory("discovering", _after_restart(facts), since=now, step_since=now,
+                      engine=engine)
 
 
 def _after_restart(facts: tuple[tuple[Role, Memory], ...]) -> tuple[tuple[Role, Memory], ...]:
@@ -126,18 +163,24 @@ def _with(state: PairMemory, role: Role, memory: Memory) -> tuple[tuple[Role, Me
 
 # --- a turn ----------------------------------------------------------------------------------
 
-def turn_plan(source: Role, target: Role) -> tuple[Step, ...]:
-    """A turn in order (docs/turns.md). The streams go to the target while it is paused: SGLang
-    holds new requests in its tokenizer until /continue_generation (tokenizer_manager.py:938-939).
-    `keep_caches`: the source, idle and not yet paused, finishes writing its prefix cache to its
-    own store (HiCache): a paused scheduler writes nothing more, the release drops what is not
-    written, and a release while a device-to-host copy of the KV runs kills the server
-    (lab/results/hicache-probe). A server without HiCache passes the step at once."""
+def turn_plan(source: Role, target: Role, engine: EngineName = "sglang") -> tuple[Step, ...]:
+    """A turn in order (docs/turns.md), in the engine's calls (`HANDOVERS`).
+
+    SGLang: the streams go to the target while it is paused: SGLang holds new requests in its
+    tokenizer until /continue_generation (tokenizer_manager.py:938-939). `keep_caches`: the
+    source, idle and not yet paused, finishes writing its prefix cache to its own store
+    (HiCache): a paused scheduler writes nothing more, the release drops what is not written,
+    and a release while a device-to-host copy of the KV runs kills the server
+    (lab/results/hicache-probe). A server without HiCache passes the step at once.
+
+    vLLM: unstarted streams wait in the sleeping target's queue until its wake (every pause
+    mode queues new requests, v1/engine/core.py:958-970); running ones finish on the source
+    (`finish_streams`) before its sleep."""
+    handover = HANDOVERS[engine]
     steps = [Step("stop_admitting", source), Step("move_unstarted", source),
-             Step("running_streams", source), Step("keep_caches", source), Step("pause", source),
-             Step("release", source),
-             Step("check_memory", source), Step("resume", target), Step("continue", target),
-             Step("check_ready", target)]
+             *(Step(action, source) for action in (*handover.streams, *handover.give_up)),
+             Step("check_memory", source),
+             *(Step(action, target) for action in (handover.take, *handover.serve))]
     if target == "mtp":  # the draft weights can come back wrong without an error (#31674)
         steps.append(Step("check_speculation", target))
     return tuple(steps)
@@ -154,7 +197,8 @@ def begin_turn(state: PairMemory, target: Role, now: float) -> PairMemory:
     """Hand the memory to `target` (see `can_turn_to`)."""
     if not can_turn_to(state, target):
         raise ValueError(f"no turn to {target} from {state.phase} (memory {dict(state.memory)})")
-    return replace(state, phase="handing", plan=turn_plan(other(target), target), target=target,
+    return replace(state, phase="handing", plan=turn_plan(other(target), target, state.engine),
+                   target=target,
                    since=now, step_since=now, failed_plans=0, why="")
 
 
@@ -178,12 +222,12 @@ def reprobed(state: PairMemory, role: Role, probe: Probe) -> PairMemory:
 
 
 def sending(state: PairMemory) -> PairMemory:
-    """The step in progress is about to send its call: a release or a resume is in doubt from
-    here until its answer (the journal says so before the call goes out)."""
+    """The step in progress is about to send its call: a release or a resume (a sleep or a
+    wake) is in doubt from here until its answer (the journal says so before the call goes out)."""
     step = state.step
-    if step is None or step.action not in ("release", "resume"):
+    if step is None or step.action not in GIVES_UP | TAKES:
         return state
-    doubt: Memory = "releasing" if step.action == "release" else "resuming"
+    doubt: Memory = "releasing" if step.action in GIVES_UP else "resuming"
     return replace(state, memory=_with(state, step.role, doubt))
 
 
@@ -194,9 +238,9 @@ def step_done(state: PairMemory, now: float) -> PairMemory:
     if step is None:
         raise ValueError(f"no step in progress ({state.phase})")
     memory = state.memory
-    if step.action == "release":
+    if step.action in GIVES_UP:
         memory = _with(state, step.role, "released")
-    elif step.action == "resume":
+    elif step.action in TAKES:
         memory = _with(state, step.role, "held")
     rest = state.plan[1:]
     if rest:
@@ -223,12 +267,13 @@ def step_failed(state: PairMemory, kind: FailureKind, detail: str, now: float, *
         done = step_done(state, now)
         return replace(done, failure=failure, speculation_lost=True)
     memory = state.memory
-    taking = step.action in ("check_memory", "resume", "continue", "check_ready")
+    taking = step.action in ("check_memory", "resume", "wake_up", "continue", "check_ready")
     avoid = state.target if taking else state.avoid
     current = state.of(step.role)
     if current in ("releasing", "resuming") and (not sent or kind == "error"):
         # Refused before it was sent, or SGLang answered with an error
-        # (http_server.py:1581-1583): the call did not happen. Otherwise (no answer, or the
+        # (http_server.py:1581-1583), or vLLM's wake failed and left it asleep
+        # (v1/executor/abstract.py:424-435): the call did not happen. Otherwise (no answer, or the
         # connection lost after sending) it stays in doubt; the probes decide, and a dead
         # process holds nothing.
         memory = _with(state, step.role, "held" if current == "releasing" else "released")

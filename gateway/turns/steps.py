@@ -1,6 +1,7 @@
 """The I/O of each step of a turn or a settling (the steps are gateway/turns/state.py's): the
-memory-saver calls, the relay's stream moves and ends, the NVML memory check and the checks
-of the incoming server. One `StepCalls` per pair, used by its driver (gateway/turns/driver.py)
+engine's hand-over calls (SGLang's memory saver, vLLM's sleep mode: the pair's `controls`),
+the relay's stream moves and ends, the NVML memory check and the checks of the incoming
+server. One `StepCalls` per pair, used by its driver (gateway/turns/driver.py)
 one step at a time; a step that fails raises CallFailed."""
 
 from __future__ import annotations
@@ -8,15 +9,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.routing.backend import BackendState
 from gateway.turns import nvml
 from gateway.turns.handles import PairHandles
 from gateway.turns.state import Step, other
+from gateway.upstream.engine.seam import Control
 from gateway.upstream.engine.sglang import CallFailed, MemorySaver
+from gateway.upstream.engine.vllm import SleepControl
 
 log = logging.getLogger("mtp_gateway.turns")
+Calls = TypeVar("Calls", MemorySaver, SleepControl)
 
 TICK_S = 0.05  # how often a driver looks at what its pair wants, and at draining streams
 
@@ -30,7 +34,7 @@ class StepCalls:
 
     async def do(self, step: Step) -> None:
         pair = self.pair
-        turns, saver = pair.turns, pair.savers[step.role]
+        turns, saver = pair.turns, pair.controls[step.role]
         source, target = pair.backends[step.role], pair.backends[other(step.role)]
         match step.action:
             case "stop_admitting":
@@ -48,21 +52,27 @@ class StepCalls:
             case "running_streams":
                 await self._continue_running(source, target)
                 await self._running_streams(source)
+            case "finish_streams":
+                await self._running_streams(source)
             case "keep_caches":
-                await self._keep_caches(saver)
+                await self._keep_caches(_calls(saver, MemorySaver, step))
             case "pause":
-                await saver.pause(turns.call_timeout_s)
+                await _calls(saver, MemorySaver, step).pause(turns.call_timeout_s)
             case "release":
-                await saver.release(turns.release_timeout_s)
+                await _calls(saver, MemorySaver, step).release(turns.release_timeout_s)
+            case "sleep":
+                await _calls(saver, SleepControl, step).sleep(turns.release_timeout_s)
             case "check_memory":
                 await self._check_memory()
             case "resume":
-                await saver.resume(turns.resume_timeout_s)
+                await _calls(saver, MemorySaver, step).resume(turns.resume_timeout_s)
+            case "wake_up":
+                await _calls(saver, SleepControl, step).wake_up(turns.resume_timeout_s)
             case "continue":
-                await saver.continue_generation(turns.call_timeout_s)
+                await _calls(saver, MemorySaver, step).continue_generation(turns.call_timeout_s)
             case "check_ready":
                 await self._until(lambda: saver.ready(turns.call_timeout_s), turns.ready_within_s,
-                                  f"{saver.name} /ready not 200 within {turns.ready_within_s:g} s")
+                                  f"{saver.name} not ready within {turns.ready_within_s:g} s")
             case "check_speculation":
                 await self._check_speculation(saver)
 
@@ -87,7 +97,7 @@ class StepCalls:
         deadline = clock() + turns.finish_within_s
         while source.inflight and clock() < deadline:
             await asyncio.sleep(TICK_S)
-        saver = pair.savers[source.role]
+        saver = pair.controls[source.role]
         while not source.inflight and clock() < deadline:  # other replicas' streams
             busy = await saver.busy(turns.call_timeout_s)
             if not busy:  # none left (or no /v1/loads to tell)
@@ -144,7 +154,7 @@ class StepCalls:
                                  f"{minimum:.0%} expected)")
             await asyncio.sleep(TICK_S)
 
-    async def _check_speculation(self, saver: MemorySaver) -> None:
+    async def _check_speculation(self, saver: Control) -> None:
         turns = self.pair.turns
         minimum = turns.min_accept_length
         if not minimum:
@@ -166,3 +176,11 @@ class StepCalls:
             if clock() >= deadline:
                 raise CallFailed("timeout", why)
             await asyncio.sleep(TICK_S)
+
+
+def _calls(control: Control, kind: type[Calls], step: Step) -> Calls:
+    """The engine's own calls for `step` (a plan asks only its engine's: gateway/turns/state.py
+    HANDOVERS); a step another engine's server cannot take fails as a check, sending nothing."""
+    if not isinstance(control, kind):
+        raise CallFailed("check", f"{step} is not a call {control.name} takes", sent=False)
+    return control

@@ -27,7 +27,8 @@ from gateway.turns.state import PairMemory
 from gateway.turns.waiting import WaitingRoom
 from gateway.upstream.client import Upstream
 from gateway.upstream.engine.probe import SaverReport
-from gateway.upstream.engine.sglang import MemorySaver, read_memory_saver
+from gateway.upstream.engine.seam import engine_of
+from gateway.upstream.engine.sglang import read_memory_saver
 
 log = logging.getLogger("mtp_gateway.turns")
 
@@ -131,16 +132,17 @@ def build_turns(settings: Settings, pool: Pool, upstream: Upstream, streams: Str
 
     def take_turns(spec: Pair) -> PairDriver | FollowDriver:
         name, pair, controller = spec.name, pool.pairs[spec.name], settings.controller_of(spec)
-        savers = {role: MemorySaver(upstream, backend.target, backend.name)
-                  for role, backend in pair.backends.items()}
-        handles = PairHandles(name, pair.backends, savers, streams, turns,
+        controls = {role: engine_of(backend).control(upstream, backend.target, backend.name)
+                    for role, backend in pair.backends.items()}
+        handles = PairHandles(name, pair.backends, controls, streams, turns,
                               on_change=waiting.changed)
         driver: PairDriver | FollowDriver
         if controller is not None:
             driver = FollowDriver(handles, upstream, controller)
         else:
             wish = LoadWish(pool, pair, turns, lambda: waiting.waiting, streams)
-            driver = PairDriver(handles, wish=wish, journal=journal, events=metrics)
+            driver = PairDriver(handles, wish=wish, journal=journal, events=metrics,
+                                engine=settings.engine_of(spec))
         pair.turns = drivers[name] = driver
         return driver
 

@@ -40,8 +40,9 @@ def test_the_seam_names_every_name_the_core_uses_of_sglangs():
 
 def test_no_rid_is_set_or_aborted_by_name():
     """No abort endpoint outside dev mode: closing the connection aborts (serve/utils/
-    api_utils.py:53-100), so nothing is spliced into a body and nothing names a request."""
-    assert vllm.RID_FIELDS == {} and vllm.RID_HEADER_PATHS == frozenset()
+    api_utils.py:53-100), so nothing names a request to abort; a Responses request's
+    request_id is its response's id (entrypoints/openai/responses/protocol.py:357, :989)."""
+    assert vllm.RID_FIELDS == {"/v1/responses": "request_id"} and vllm.RID_HEADER_PATHS == frozenset()
     assert vllm.abort_rids("r", 1, None) == () and vllm.abort_rids("r", 1, 3) == ()
     assert sglang.abort_rids("r", 1, None) == ("r",)  # what SGLang's module would abort
 
@@ -75,7 +76,7 @@ async def test_a_turn_by_sleep_mode_and_a_wake_that_finds_the_memory_taken():
         mtp = vllm.SleepControl(upstream, Backend(url=pair.urls["mtp"]), "mtp")
         plain = vllm.SleepControl(upstream, Backend(url=pair.urls["plain"]), "plain")
         assert await plain.probe(5) == Probe(alive=True, ready=False, scheduler_answers=True,
-                                                  memory_saver=True)
+                                             memory_saver=True, asleep=True)
         with pytest.raises(vllm.CallFailed, match="Call to wake_up method failed") as failed:
             await plain.wake_up(10)
         assert failed.value.kind == "error"

@@ -26,3 +26,7 @@ class Probe:
     ready: bool = False
     scheduler_answers: bool = False
     memory_saver: bool | None = None  # /server_info's enable_memory_saver (None: not said)
+    # The server says whether it is asleep, its memory given up (vLLM's /is_sleeping, answered
+    # by its engine core after any call sent before it); None: it cannot say (SGLang: a
+    # paused server may or may not have released).
+    asleep: bool | None = None

@@ -153,8 +153,10 @@ USAGE_CHUNK = b'"choices":[],"usage":{'
 ASK_USAGE = b'"stream_options":{"include_usage":true}'
 
 
-def parse_loads(loads: Any) -> tuple[int, int] | None:
-    """(running, waiting) summed over DP ranks from /v1/loads (0.5.23 and 0.5.10 shapes)."""
+def parse_loads(body: Any) -> tuple[int, int] | None:
+    """(running, waiting) summed over DP ranks from /v1/loads' body (0.5.23 and 0.5.10
+    shapes). Raises ValueError when the body is not JSON."""
+    loads = json.loads(body) if isinstance(body, bytes | str) else body
     if not isinstance(loads, dict) or not isinstance(loads.get("loads"), list):
         return None
     running = waiting = 0
@@ -248,7 +250,7 @@ class MemorySaver:
         """Requests running or waiting there, every client's (/v1/loads); None: it cannot say."""
         try:
             status, body = await self._call("GET", "/v1/loads", None, timeout_s, self._user)
-            loads = parse_loads(json.loads(body)) if status == 200 else None
+            loads = parse_loads(body) if status == 200 else None
         except (CallFailed, ValueError, TypeError):
             return None
         return None if loads is None else sum(loads)
@@ -312,6 +314,11 @@ class MemorySaver:
                     auth: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
         return await control_call(self.upstream, self.target, self.name, method, path, body,
                                   timeout_s, auth)
+
+
+def control(upstream: Upstream, target: Backend, name: str) -> MemorySaver:
+    """The turns controller's calls to one server of the pair (gateway/turns/steps.py)."""
+    return MemorySaver(upstream, target, name)
 
 
 async def control_call(upstream: Upstream, target: Backend, name: str, method: str, path: str,

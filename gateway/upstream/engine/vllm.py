@@ -17,10 +17,9 @@ What differs from SGLang, and where the gateway must act on it:
   sleeping server is known from the gateway's own state (what it sent) and ``/is_sleeping``,
   never from the health probe.
 
-Not wired yet (a later task): the monitor (upstream/probes.py) JSON-decodes ``LOADS`` before
-``parse_loads`` sees it, so it cannot read ``/metrics`` as it is; the core imports
-``engine.sglang`` by name (no per-backend ``engine:`` choice in the configuration); the turns
-controller (gateway/turns/) drives SGLang's memory saver, not :class:`SleepControl`.
+Chosen per pair by ``engine: vllm`` (``Settings.engine_of``; the core looks the module up with
+gateway/upstream/engine/seam.py ``engine_of``). The turns controller drives :class:`SleepControl`
+with the steps of gateway/turns/state.py's vLLM plan (docs/turns.md, "vLLM: sleep mode").
 """
 
 from __future__ import annotations
@@ -37,12 +36,14 @@ from gateway.upstream.engine.sglang import CallFailed, control_call, new_rid, pr
 
 __all__ = ["ABORT", "ASK_USAGE", "HEALTH", "HEALTH_GENERATE", "LOADS", "MODELS", "NOT_PROVIDED", "READY",
            "RESPONSE_ID_PREFIX", "RID_FIELDS", "RID_HEADER", "RID_HEADER_PATHS", "SERVER_INFO", "USAGE_CHUNK",
-           "CallFailed", "SleepControl", "abort", "abort_rids", "admin_headers", "new_rid",
+           "CallFailed", "SleepControl", "abort", "abort_rids", "admin_headers", "control", "new_rid",
            "parse_loads", "parse_server_info", "probe_headers", "usage_by_default"]  # fmt: skip
 
 # --- request ids ----------------------------------------------------------------------------
 
-RID_FIELDS: dict[str, str] = {}  # vLLM reads no body field the gateway needs to set
+# The Responses request's ``request_id`` is the response's id (entrypoints/openai/responses/
+# protocol.py:357-364, :989), as in SGLang; other requests take their id from X-Request-Id.
+RID_FIELDS = {"/v1/responses": "request_id"}
 RESPONSE_ID_PREFIX = "resp_"  # a Responses id (previous_response_id names one)
 RID_HEADER = b"x-request-id"  # entrypoints/serve/engine/serving.py:133-142, every API
 RID_HEADER_PATHS: frozenset[str] = frozenset()  # nothing to abort by name, so none is sent
@@ -131,6 +132,28 @@ def usage_by_default(info: Any) -> bool:
 # Unlike SGLang's memory saver nothing here kills the server: a second sleep or a wake while
 # awake changes nothing (v1/executor/abstract.py:400-415). But requests sent while it sleeps
 # wait there without end (core.py:958-970): the gateway must hold them itself.
+#
+# The mode of a turn's sleep is `abort`: by then the gateway's streams on the server have
+# finished (or were ended, past turns.finish_within_s), so what is left is work nobody waits
+# for, or another client's; `abort` ends it at once with finish_reason "abort" (core.py:976-977).
+# `wait` would hold the turn (and the sleep call) for as long as the longest of them runs, and
+# `keep` would freeze them until this server wakes again, a turn later: a client hung for a
+# whole dwell (core.py:1006-1008).
+SLEEP_MODE = "abort"
+
+# vLLM's spec-decode counters (v1/spec_decode/metrics.py:228-262), exported with `_total`: the
+# mean acceptance length is 1 + accepted tokens / drafts (:114)
+DRAFTS = b"vllm:spec_decode_num_drafts_total"
+ACCEPTED = b"vllm:spec_decode_num_accepted_tokens_total"
+# A short greedy completion whose drafts the counters count (no `model`: the served one,
+# entrypoints/serve/engine/serving.py:85-90)
+SPECULATION_PROBE = json.dumps({"prompt": "Count from one to twenty: one, two, three,",
+                                "max_tokens": 32, "temperature": 0.0}).encode()
+
+
+def control(upstream: Upstream, target: Backend, name: str) -> SleepControl:
+    """The turns controller's calls to one server of the pair (gateway/turns/steps.py)."""
+    return SleepControl(upstream, target, name)
 
 
 class SleepControl:
@@ -142,7 +165,7 @@ class SleepControl:
         self.name = name
         self._headers = probe_headers(target)
 
-    async def sleep(self, timeout_s: float, mode: str = "keep") -> None:
+    async def sleep(self, timeout_s: float, mode: str = SLEEP_MODE) -> None:
         status, body = await self._call("POST", f"/sleep?level=1&mode={mode}", timeout_s)
         self._expect(status, body, "/sleep", {"status": "sleeping", "level": 1})
 
@@ -158,15 +181,72 @@ class SleepControl:
         return bool(answer["is_sleeping"])
 
     async def probe(self, timeout_s: float) -> Probe:
-        """alive: /health 200 (a sleeping server is alive too); ready: awake."""
+        """alive: /health 200 (a sleeping server is alive too); asleep: /is_sleeping, whose
+        answer comes from the engine core after any sleep or wake sent before it. No
+        /is_sleeping (404: no VLLM_SERVER_DEV_MODE): awake, and it cannot sleep."""
         try:
             status, _ = await self._call("GET", HEALTH, timeout_s)
-            if status != 200:
-                return Probe(alive=False)
-            sleeping = await self.is_sleeping(timeout_s)
         except CallFailed:
             return Probe(alive=False)
-        return Probe(alive=True, ready=not sleeping, scheduler_answers=True, memory_saver=True)
+        if status != 200:
+            return Probe(alive=False)
+        try:
+            status, body = await self._call("GET", "/is_sleeping", timeout_s)
+        except CallFailed:  # the engine core is in a call that has not finished
+            return Probe(alive=True, scheduler_answers=False)
+        if status in NOT_PROVIDED:
+            return Probe(alive=True, ready=True, scheduler_answers=True, memory_saver=False,
+                         asleep=False)
+        answer = _json(body) if status == 200 else None
+        if not isinstance(answer, dict) or not isinstance(answer.get("is_sleeping"), bool):
+            return Probe(alive=True, scheduler_answers=False)
+        asleep = bool(answer["is_sleeping"])
+        return Probe(alive=True, ready=not asleep, scheduler_answers=True, memory_saver=True,
+                     asleep=asleep)
+
+    async def ready(self, timeout_s: float) -> bool:
+        """Awake and serving: /health 200 says only that the engine lives, so /is_sleeping
+        says the rest."""
+        probe = await self.probe(timeout_s)
+        return probe.alive and probe.asleep is False
+
+    async def busy(self, timeout_s: float) -> int | None:
+        """Requests running or waiting there, every client's (/metrics); None: it cannot say."""
+        try:
+            status, body = await self._call("GET", LOADS, timeout_s)
+        except CallFailed:
+            return None
+        loads = parse_loads(body) if status == 200 else None
+        return None if loads is None else sum(loads)
+
+    async def accept_length(self, timeout_s: float) -> float | None:
+        """The mean acceptance length of one short greedy completion, from the spec-decode
+        counters before and after it (None: not a speculative server, or nothing drafted)."""
+        before = await self._drafts(timeout_s)
+        if before is None:
+            return None
+        status, _ = await self._call("POST", "/v1/completions", timeout_s, SPECULATION_PROBE)
+        if status != 200:
+            raise CallFailed("error", f"{self.name} /v1/completions answered {status}")
+        after = await self._drafts(timeout_s)
+        if after is None or after[0] <= before[0]:
+            return None
+        return 1.0 + (after[1] - before[1]) / (after[0] - before[0])
+
+    async def _drafts(self, timeout_s: float) -> tuple[float, float] | None:
+        """(drafts, accepted tokens) summed over engines; None without the counters."""
+        status, body = await self._call("GET", LOADS, timeout_s)
+        if status != 200:
+            return None
+        totals = {DRAFTS: 0.0, ACCEPTED: 0.0}
+        seen = False
+        for line in body.splitlines():
+            for name in totals:
+                if line.startswith(name) and line[len(name):len(name) + 1] in (b"{", b" "):
+                    with contextlib.suppress(ValueError, IndexError):
+                        totals[name] += float(line.rsplit(None, 1)[1])
+                        seen = True
+        return (totals[DRAFTS], totals[ACCEPTED]) if seen else None
 
     def _expect(self, status: int, body: bytes, path: str, wanted: dict[str, Any]) -> None:
         if status != 200 or _json(body) != wanted:
@@ -176,9 +256,11 @@ class SleepControl:
             raise CallFailed("error", f"{self.name} {path} answered {status}: "
                              f"{message or body[:200].decode('utf-8', 'replace')}")  # fmt: skip
 
-    async def _call(self, method: str, path: str, timeout_s: float) -> tuple[int, bytes]:
-        return await control_call(self.upstream, self.target, self.name, method, path, None,
+    async def _call(self, method: str, path: str, timeout_s: float,
+                    body: bytes | None = None) -> tuple[int, bytes]:
+        return await control_call(self.upstream, self.target, self.name, method, path, body,
                                   timeout_s, self._headers)
+
 
 def _json(body: bytes) -> Any:
     try:
