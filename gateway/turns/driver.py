@@ -3,9 +3,9 @@
 The state (gateway/turns/state.py) says which step comes next; this task performs it (each
 step's I/O: gateway/turns/steps.py, in the pair's engine's calls), one control call at a time
 (serialized: one task per pair), each with its timeout, and records the result back into the
-state. Nothing else sends a memory-saver or sleep-mode call to the pair's servers. After a failure the servers are probed and
-the state settles the pair (gateway/turns/discovery.py); a pair with no safe step is probed
-again every `turns.stuck_retry_s`.
+state. Nothing else sends a memory-saver or sleep-mode call to the pair's servers. After a
+failure the servers are probed and the state settles the pair (gateway/turns/discovery.py); a
+pair with no safe step is probed again every `turns.stuck_retry_s`.
 
 What it changes outside the state: which server the pool may admit to (`admitting`, read by
 the pool at every decision), the backends' `parked` flag (the monitor leaves a parked server

@@ -304,7 +304,7 @@ def test_a_server_without_the_memory_saver_serves_but_never_turns():
 
 def test_every_action_is_in_some_plan():
     settle = discovered(initial(0.0), {"mtp": PAUSED, "plain": READY}, "mtp", 1.0).plan
-    seen = {s.action for s in (*turn_plan("plain", "mtp"), *settle)}
+    seen = {s.action for s in (*turn_plan("plain", "mtp"), *turn_plan("plain", "mtp", "vllm"), *settle)}
     assert seen == set(ACTIONS)
 
 
