@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import ConfigError, build_settings, load_settings
+from gateway.routing.pool import Pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,3 +131,17 @@ def test_the_documented_alias_examples_load_and_map_the_agents_default_names() -
     for models in (documented, shipped):
         for name in ("claude-sonnet-4-5-20250929", "claude-haiku-4-5-20251001", "gpt-5-codex"):
             assert models.served_name(name) == "Qwen/Qwen3.5-122B-A10B", name
+
+
+def test_the_engine_is_the_pairs_own_else_the_top_levels_else_sglang():
+    pair = {"mtp": {"url": "http://a:1"}, "plain": {"url": "http://a:2"}}
+    settings = build_settings({"engine": "vllm", "pairs": [
+        {"name": "a", **pair}, {"name": "b", "engine": "sglang", **pair}]})
+    assert [settings.engine_of(p) for p in settings.fleet()] == ["vllm", "sglang"]
+    default = build_settings({})
+    assert default.engine_of(default.fleet()[0]) == "sglang"
+    pool = Pool.from_settings(settings, 0.0)
+    assert {name: b.engine for name, b in pool.backends.items()} == {
+        "a/mtp": "vllm", "a/plain": "vllm", "b/mtp": "sglang", "b/plain": "sglang"}
+    with pytest.raises(ConfigError, match="engine: Input should be 'sglang' or 'vllm'"):
+        build_settings({"engine": "trtllm"})

@@ -74,7 +74,8 @@ async def test_demo_with_split_memory_runs_split_and_waits_for_no_park():
 
 @pytest.mark.timeout(40)
 async def test_demo_of_the_vllm_pair_by_default_splits_it():
-    """vLLM's servers have no memory saver the turns controller drives: auto finds them split."""
+    """auto reads SGLang's memory-saver flag, which a vLLM server does not report: it splits
+    (`--memory turns` takes turns in sleep mode, below)."""
     lines, url, task = await _demo_until_ready(None, engine="vllm")
     try:
         assert lines[0].startswith("simulated vLLM pair (split memory")
@@ -82,6 +83,26 @@ async def test_demo_of_the_vllm_pair_by_default_splits_it():
             state = (await client.get("/admin/state",
                                       headers={"authorization": "Bearer admin"})).json()
         assert state["pairs"][0]["memory_shape"]["shape"] == "split"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.timeout(40)
+async def test_demo_of_the_vllm_pair_with_turns_memory_takes_turns_in_sleep_mode():
+    """`demo --engine vllm --memory turns`: the simulated vLLM servers in dev mode, MTP awake and
+    plain asleep, the gateway on the vLLM engine module, serving on MTP."""
+    lines, url, task = await _demo_until_ready("turns", engine="vllm")
+    try:
+        assert "sleeps" in lines[0] and lines[1].startswith("simulated vLLM pair (turns memory")
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            answer = await client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            state = (await client.get("/admin/state",
+                                      headers={"authorization": "Bearer admin"})).json()
+        assert answer.status_code == 200 and answer.headers["x-gateway-backend"] == "mtp"
+        memory = state["pairs"][0]["memory"]
+        assert memory["holder"] == "mtp" and memory["memory"] == {"mtp": "held", "plain": "released"}
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
