@@ -34,7 +34,8 @@ def test_the_seam_names_every_name_the_core_uses_of_sglangs():
     """A second engine is a module with the same names (gateway/upstream/engine/__init__.py)."""
     used = {"RID_FIELDS", "RESPONSE_ID_PREFIX", "RID_HEADER", "RID_HEADER_PATHS", "new_rid", "abort_rids",
             "abort", "LOADS", "SERVER_INFO", "MODELS", "NOT_PROVIDED", "probe_headers", "parse_loads",
-            "parse_server_info", "usage_by_default", "USAGE_CHUNK", "ASK_USAGE", "CallFailed"}
+            "parse_server_info", "usage_by_default", "USAGE_CHUNK", "ASK_USAGE", "CallFailed", "ABORT",
+            "control"}
     assert used <= set(dir(sglang)) and used <= set(vllm.__all__)
 
 
@@ -101,3 +102,30 @@ async def test_a_server_that_is_gone_is_not_alive():
         assert gone.value.kind == "gone" and not gone.value.sent
     finally:
         await fresh.close()
+
+
+async def test_the_accept_length_is_read_from_the_spec_decode_counters():
+    """v1/spec_decode/metrics.py:114: 1 + accepted tokens / drafts over one short greedy
+    completion; none on a server that does not draft; ~1 once a level-2 sleep lost the draft
+    (vLLM issue #52479), which the turn's speculation check catches."""
+    async with vllm_pair() as (pair, upstream), httpx.AsyncClient() as http:
+        mtp = vllm.SleepControl(upstream, Backend(url=pair.urls["mtp"]), "mtp")
+        plain = vllm.SleepControl(upstream, Backend(url=pair.urls["plain"]), "plain")
+        healthy = await mtp.accept_length(10)
+        assert healthy is not None and healthy > 1.5
+        assert await plain.accept_length(10) is None
+        await http.post(pair.urls["mtp"] + "/sleep?level=2", timeout=10)
+        await http.post(pair.urls["mtp"] + "/wake_up", timeout=10)
+        lost = await mtp.accept_length(10)
+        assert lost is not None and lost < 1.2
+
+
+async def test_busy_and_ready_come_from_metrics_and_is_sleeping():
+    async with vllm_pair() as (pair, upstream):
+        mtp = vllm.SleepControl(upstream, Backend(url=pair.urls["mtp"]), "mtp")
+        assert await mtp.busy(5) == 0 and await mtp.ready(5)
+        await mtp.sleep(10)
+        assert not await mtp.ready(5)  # /health is 200 all the while
+        assert (await mtp.probe(5)).alive
+        await mtp.wake_up(10)
+        assert await mtp.ready(5)
