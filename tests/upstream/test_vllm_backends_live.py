@@ -91,3 +91,23 @@ async def test_a_client_leaving_is_aborted_by_the_closed_connection_alone(engine
         aborts = [url for url in posted if url.endswith("/abort_request")]
         # sglang: what the gateway sent vLLM servers before the engine was chosen per pair
         assert aborts == ([] if engine == "vllm" else [pair.urls["plain"] + "/abort_request"])
+
+
+@pytest.mark.timeout(30)
+async def test_a_stream_its_vllm_server_breaks_ends_with_the_apis_error_not_a_continuation(caplog):
+    """A continuation counts the answer so far at /v1/tokenize, which vLLM serves at /tokenize
+    (entrypoints/serve/tokenize/api_router.py:36): the broken stream ends with chat's error
+    event then [DONE], as one that cannot be continued."""
+    from gateway.sim.faults import Faults
+
+    async with vllm_gateway() as (pair, gateway, _), httpx.AsyncClient(timeout=20) as client:
+        await pair.servers["plain"].set_faults(Faults(crash_after_chunks=3))
+        body = {**LONG, "max_tokens": 50}
+        async with client.stream("POST", gateway.url + "/v1/chat/completions", json=body) as response:
+            text = (await response.aread()).decode()
+        assert response.status_code == 200
+        assert '"error"' in text.rsplit("data: {", 1)[-1] and text.rstrip().endswith("data: [DONE]")
+        metrics = (await client.get(gateway.url + "/metrics")).text
+        assert "gateway_continued_requests_total{" not in metrics
+        assert "could not count the answer so far (/v1/tokenize: HTTP 404)" in caplog.text
+        await wait_until(lambda: gateway.pool.concurrency == 0, timeout=5)
