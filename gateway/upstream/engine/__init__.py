@@ -1,8 +1,11 @@
 """The engine seam: what the gateway knows about the inference server behind it that is the
 engine's own, not the OpenAI, Anthropic or Responses API's.
 
-One module per engine; `gateway.upstream.engine.sglang` (SGLang 0.5.23) is the one there is. Core
-modules import it as `from gateway.upstream.engine import sglang as engine` and use only what it names:
+One module per engine: `sglang` (SGLang 0.5.23) and `vllm` (vLLM 0.33.0). A pair's engine is
+its configuration's (`Settings.engine_of`); the core gets a backend's module from
+`gateway.upstream.engine.seam.engine_of(backend)` and uses only what it names (`seam.Engine`).
+The ids set at admission, before a pair is chosen, are SGLang's names (vLLM ignores them,
+docs/compat.md). What a module names:
 
 - request ids: which body field or header carries the id the engine will use (`RID_FIELDS`,
   `RID_HEADER`, `RID_HEADER_PATHS`, `RESPONSE_ID_PREFIX`), a fresh one (`new_rid`), and the ids
@@ -11,6 +14,8 @@ modules import it as `from gateway.upstream.engine import sglang as engine` and 
 - what the monitor reads: the load and server-info endpoints and their parsing
   (`LOADS`, `SERVER_INFO`, `parse_loads`, `parse_server_info`), the probe of a server without
   them (`MODELS`), and the health and readiness endpoints (`HEALTH`, `HEALTH_GENERATE`, `READY`);
-- the memory-saver calls (pause, release and resume memory, continue), in their own section.
+- the turns controller's calls to one server (`control`: SGLang's memory saver, vLLM's sleep
+  mode), in their own section.
 
-A second engine is a module with the same names, and its tests."""
+Another engine is a module with the same names (mypy checks it against `seam.Engine`), its
+hand-over steps in gateway/turns/state.py `HANDOVERS`, and its tests."""
