@@ -307,6 +307,8 @@ def parse_inbound(path: str, headers: Headers, body: bytes, *, session_headers: 
     rid = None
     parts: Body = (body,)
     extra: tuple[tuple[bytes, bytes], ...] = ()
+    # Set before a pair (and its engine) is chosen: SGLang's names, which vLLM ignores but for
+    # the Responses request_id, its response's id too (docs/compat.md, the vLLM section).
     name = engine.RID_FIELDS.get(path)
     if name is not None:
         prefix = engine.RESPONSE_ID_PREFIX if name == "request_id" else ""

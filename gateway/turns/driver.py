@@ -39,8 +39,7 @@ from gateway.turns.state import (
     step_failed,
 )
 from gateway.turns.steps import TICK_S, StepCalls
-from gateway.upstream.engine.probe import Probe
-from gateway.upstream.engine.sglang import CallFailed
+from gateway.upstream.engine.probe import CallFailed, Probe
 
 log = logging.getLogger("mtp_gateway.turns")
 

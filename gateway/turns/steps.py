@@ -15,8 +15,9 @@ from gateway.routing.backend import BackendState
 from gateway.turns import nvml
 from gateway.turns.handles import PairHandles
 from gateway.turns.state import Step, other
+from gateway.upstream.engine.probe import CallFailed
 from gateway.upstream.engine.seam import Control
-from gateway.upstream.engine.sglang import CallFailed, MemorySaver
+from gateway.upstream.engine.sglang import MemorySaver
 from gateway.upstream.engine.vllm import SleepControl
 
 log = logging.getLogger("mtp_gateway.turns")

@@ -1,5 +1,6 @@
-"""What the gateway learns of one inference server when it probes it, in no engine's words:
-the engine modules report it, the turns state machine (gateway/turns/state.py) decides on it."""
+"""What the gateway learns of one inference server when it probes it, and how a control call to
+it fails, in no engine's words: the engine modules report them, the turns state machine
+(gateway/turns/state.py) decides on them."""
 
 from __future__ import annotations
 
@@ -30,3 +31,14 @@ class Probe:
     # by its engine core after any call sent before it); None: it cannot say (SGLang: a
     # paused server may or may not have released).
     asleep: bool | None = None
+
+
+class CallFailed(Exception):
+    """A control call that did not succeed: how (`kind`), and whether it may have reached
+    the server (`sent`: False only when the connection was refused)."""
+
+    def __init__(self, kind: FailureKind, detail: str, *, sent: bool = True) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+        self.sent = sent

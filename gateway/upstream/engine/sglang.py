@@ -13,7 +13,7 @@ from typing import Any
 from gateway.apis.errors import GatewayError, UpstreamConnectError, UpstreamTimeout
 from gateway.config import Backend
 from gateway.upstream.client import Header, Upstream
-from gateway.upstream.engine.probe import FailureKind, Probe, SaverReport
+from gateway.upstream.engine.probe import CallFailed, Probe, SaverReport
 
 log = logging.getLogger("mtp_gateway.relay")
 
@@ -197,17 +197,6 @@ STORE_BACKUPS = (b"sglang:backuped_tokens_total{", b"sglang:backuped_tokens_tota
 SPECULATION_PROBE = json.dumps({
     "text": "Count from one to twenty: one, two, three,", "stream": True,
     "sampling_params": {"max_new_tokens": 32, "temperature": 0.0}}).encode()
-
-
-class CallFailed(Exception):
-    """A control call that did not succeed: how (`kind`), and whether it may have reached
-    the server (`sent`: False only when the connection was refused)."""
-
-    def __init__(self, kind: FailureKind, detail: str, *, sent: bool = True) -> None:
-        super().__init__(detail)
-        self.kind = kind
-        self.detail = detail
-        self.sent = sent
 
 
 class MemorySaver:

@@ -31,8 +31,8 @@ from typing import Any
 
 from gateway.config import Backend
 from gateway.upstream.client import Header, Upstream
-from gateway.upstream.engine.probe import Probe
-from gateway.upstream.engine.sglang import CallFailed, control_call, new_rid, probe_headers
+from gateway.upstream.engine.probe import CallFailed, Probe
+from gateway.upstream.engine.sglang import control_call, new_rid, probe_headers
 
 __all__ = ["ABORT", "ASK_USAGE", "HEALTH", "HEALTH_GENERATE", "LOADS", "MODELS", "NOT_PROVIDED", "READY",
            "RESPONSE_ID_PREFIX", "RID_FIELDS", "RID_HEADER", "RID_HEADER_PATHS", "SERVER_INFO", "USAGE_CHUNK",
