@@ -183,3 +183,25 @@ async def test_a_sleep_or_wake_failing_leaves_the_pair_serving_on_one_server(
         assert sleeping(pair)[after] is False
         await wait_until(lambda: gateway.pool.concurrency == 0, timeout=5)
         released.set()
+
+
+@pytest.mark.timeout(30)
+async def test_a_replica_without_its_controller_follows_is_sleeping_not_health():
+    """/health is 200 on both servers while one sleeps (v1/engine/async_llm.py:1129-1134): a
+    replica whose controller is gone admits to the one /is_sleeping says awake, and serves."""
+    options = SimOptions(speed=200, memory="turns", engine="vllm", vllm=VllmOptions(dev_mode=True))
+    async with start_sim_pair(options) as pair, httpx.AsyncClient(timeout=10) as client:
+        health = [(await client.get(url + "/health")).status_code for url in pair.urls.values()]
+        assert health == [200, 200]
+        settings = build_settings({
+            "backends": {name: {"url": url} for name, url in pair.urls.items()},
+            "engine": "vllm", "memory": "turns", "routing": ROUTING,
+            "turns": {**TURNS, "controller_url": "http://127.0.0.1:9/turns/state"},  # nothing there
+            "monitor": {"interval_s": 0.05}, "log": {"access": False}})
+        app = create_app(settings, registry=CollectorRegistry())
+        async with serve_app(app) as url:
+            follower = LiveGateway(app, url).runtime.turns.drivers["default"]
+            await wait_until(lambda: follower.admitting == "mtp", timeout=10)
+            assert follower.describe()["via"] == "readiness"
+            oai = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+            assert await openai_stream(oai) == "whole"
