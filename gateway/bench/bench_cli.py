@@ -98,6 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="seconds a turn costs (pause + release + resume + continue; default "
                           "%(default)s, measured on an H200 with the host copy retained); several: "
                           "each turns target once per cost, named TARGET@Ss")
+    sim.add_argument("--turns-store", choices=("own", "none", "shared"), default="own",
+                     help="the turns pair's prefix caches across a turn (SGLang's HiCache, an L3 "
+                          "file store on the host): own = each server its own namespace, found "
+                          "again on its next turn (default, what a deployment should run); none = "
+                          "no HiCache, every turn re-prefills; shared = one namespace for both, "
+                          "refused: the plain server would load MTP's pages as its own")
     sim.add_argument("--turns-crossover", type=int, metavar="N",
                      help="the load at which the turns hand the memory to plain (default: "
                           "calibrated on the workload: where plain alone overtakes MTP alone)")
@@ -258,7 +264,8 @@ def _targets(args: argparse.Namespace, pair: Any) -> list[Any]:
     names = names or list(default_targets(args.memory))
     costs = _turn_costs(args.turn_cost)
     built = [build_targets(names, args.hardware, pair,
-                           turn=TurnModel(cost_s=cost, crossover=args.turns_crossover)) for cost in costs]
+                           turn=TurnModel(cost_s=cost, crossover=args.turns_crossover,
+                                          store=args.turns_store)) for cost in costs]
     targets = []
     for i, target in enumerate(built[0]):
         if target.turns is None:

@@ -148,7 +148,7 @@ def build_targets(names: Sequence[str], hardware: str = memory.DEFAULT_HARDWARE,
     memory from owning the GPUs. ``turn``: how the turns targets hand over (default
     TurnModel())."""
     pair = dict(pair) if pair is not None else pair_profiles(hardware)
-    turn = turn or TurnModel()
+    turn = dataclasses.replace(turn or TurnModel(), gpus=memory.HARDWARE[hardware].gpus)
 
     def single(role: str) -> Profile:
         return single_profile(role, hardware, timings=pair)

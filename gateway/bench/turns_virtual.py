@@ -18,10 +18,23 @@ virtual time, as issue 19 orders it:
    far sent as the new prompt for the rest of ``max_tokens`` (a cold prefill: release flushes
    the prefix cache). With ``running="finish"`` they finish on the outgoing server first,
    within ``finish_bound_s``; those still running then are continued;
-4. the outgoing server is paused and released (its prefix cache flushed), and after
-   ``cost_s`` (pause + release + resume + continue: 1.5 s measured on an H200 with the host
-   copy retained, memory-turns.md) the incoming one steps;
-5. the waiting arrivals are admitted.
+4. with a store (``store``, below) the outgoing server, idle and unpaused, first drains its
+   L3 writes, at most ``drain_bound_s``;
+5. the outgoing server is paused and released (its prefix cache flushed, with a store its host
+   tier and the writes not yet in L3 too), and after ``cost_s`` (pause + release + resume +
+   continue: 1.5 s measured on an H200 with the host copy retained, memory-turns.md) the
+   incoming one steps;
+6. the waiting arrivals are admitted.
+
+**The store** (``TurnModel.store``, :mod:`gateway.sim.hicache`): ``own`` (the default, what a
+deployment should run: SGLang's HiCache with write-through to an L3 file store on a tmpfs,
+one namespace per server) lets each server find, on its next turn, the session prefixes it
+wrote on its previous one: a request loads them and prefills only the rest. ``none`` is the
+pair without HiCache; ``shared`` puts both servers in one namespace, which SGLang 0.5.23 would
+serve as silent garbage (the plain server reading MTP's pages), so the simulator refuses it.
+The decision then charges a turn what the sessions at work pay on the incoming server: their
+contexts its store lacks, prefilled, and the seconds to load the rest
+(:func:`gateway.turns.decision.carried_cost`).
 
 **Schedules.** ``4:600,64:600`` keeps 4 clients busy for 600 s, then 64 for 600 s, in one run
 of one simulator: clients beyond the phase's count finish their script and stop; new ones start
@@ -56,9 +69,19 @@ from gateway.routing.backend import BackendState
 from gateway.routing.crossover import CrossoverEstimator
 from gateway.routing.policy import load_against_crossover
 from gateway.routing.pool import Ask, Lease, Pool
+from gateway.sim.hicache import DRAIN_BOUND_S, StoreSpec, store_spec
 from gateway.sim.profile import Profile
 from gateway.sim.virtual import RequestLog, VirtualSim
-from gateway.turns.decision import NEVER, Holding, LoadSignal, TurnRules, decide_turn
+from gateway.turns.decision import (
+    NEVER,
+    CarriedCost,
+    Holding,
+    LoadSignal,
+    TurnRules,
+    carried_cost,
+    decide_turn,
+    wanted,
+)
 
 MEASURED_TURN_COST_S = 1.5  # memory-turns.md: one pauses, the other resumes, host copy retained
 FINISH_BOUND_S = 30.0  # running="finish": streams still running after this are continued
@@ -75,6 +98,17 @@ class TurnModel:
     finish_bound_s: float = FINISH_BOUND_S
     crossover: int | None = None  # in the load signal's unit; None: calibrated per workload
     first_holder: Role = "mtp"
+    store: Literal["own", "shared", "none"] = "own"  # each server's HiCache L3 namespace
+    drain_bound_s: float = DRAIN_BOUND_S  # the outgoing server's L3 writes, before the pause
+    gpus: int = 4  # ranks a store's pages and Mamba states are split over
+
+    def store_specs(self, profiles: Mapping[str, Profile]) -> dict[str, StoreSpec]:
+        """Each server's store: ``own`` a namespace each, ``shared`` one for both."""
+        if self.store == "none":
+            return {}
+        return {role: store_spec(profiles[role].speculative, gpus=self.gpus,
+                                 namespace="pair" if self.store == "shared" else role)
+                for role in ("mtp", "plain") if role in profiles}
 
     def rules(self, routing: Routing) -> TurnRules:
         return TurnRules(turn_cost_s=self.cost_s, min_dwell_s=routing.min_dwell_s,
@@ -95,6 +129,17 @@ class TurnRecord:
     continued_tokens: int = 0  # prompt + generated tokens the continued streams re-prefill
     finished_first: int = 0
     waited: int = 0  # arrivals that waited at the gateway
+    # What the sessions at work pay for their contexts on the incoming server, from the stores
+    # as they are when the turn starts: sessions, their contexts (without a store, all of it is
+    # prefilled), what its store lacks (prefilled), the seconds to load the rest, the seconds
+    # to prefill the lack, at the incoming server's prefill rate.
+    sessions: int = 0
+    context_tokens: int = 0
+    prefill_tokens: int = 0
+    load_s: float = 0.0
+    prefill_s: float = 0.0
+    drain_s: float = 0.0  # the outgoing server's L3 writes drained before its pause
+    dropped_tokens: int = 0  # writes the release dropped (not in L3 yet)
 
 
 # --- schedules --------------------------------------------------------------------------------
@@ -271,12 +316,20 @@ class TurnsController:
     turns: list[TurnRecord] = field(default_factory=list)
     waiting: deque[_Waiting] = field(default_factory=deque)
     _timer_at: float | None = None
+    # with a store: each session's last prompt's page keys, and the decision's carried cost
+    # (recomputed at most every COST_REFRESH_S: it walks every session's pages)
+    _session_keys: dict[str, list[int]] = field(default_factory=dict)
+    _cost: tuple[float, CarriedCost] | None = None
+
+    COST_REFRESH_S = 1.0
 
     def __post_init__(self) -> None:
         self.rules = self.model.rules(self.routing)
         self.pair = self.pool.pairs["default"]
-        other: Role = "plain" if self.holder == "mtp" else "mtp"
-        self.sim.park(other, flush_cache=True)
+        self.sim.park(self._other(), flush_cache=True)
+
+    def _other(self) -> Role:
+        return "plain" if self.holder == "mtp" else "mtp"
 
     # the request path
     def send(self, job: Job, record: RequestRecord, done: Callable[[Outcome], None]) -> None:
@@ -288,6 +341,8 @@ class TurnsController:
         self.evaluate()
 
     def _admit(self, job: Job, record: RequestRecord, done: Callable[[Outcome], None]) -> None:
+        if self.sim.hicache and job.session is not None:
+            self._session_keys[job.session] = self.sim.engines[self.holder].block_keys(job.prompt_ids)
         ask = Ask(session=job.session, pin=self.holder, prompt_tokens=len(job.prompt_ids))
         lease = self.pool.admit(ask, self.sim.now)
         assert isinstance(lease, Lease) and lease.backend.role == self.holder
@@ -306,31 +361,53 @@ class TurnsController:
     def _sessions_context(self) -> int:
         return self.pair.sessions.reusable_context(self.sim.now, self.routing.session_idle_s)
 
+    def carried(self, to: Role) -> CarriedCost:
+        """What the sessions at work would pay for their contexts on ``to`` now: without a
+        store, the holder's cache the release throws away, prefilled again; with one, what
+        ``to``'s store lacks, prefilled, and the seconds to load the rest."""
+        cache = self.sim.hicache.get(to)
+        if cache is None:
+            return CarriedCost(min(self._sessions_context(),
+                                   self.sim.engines[self.holder].prefix_cached_tokens), 0.0)
+        now = self.sim.now
+        at_work = self.pair.sessions.working(now, self.routing.session_idle_s)
+        keys = {s: self._session_keys[s] for s in at_work if s in self._session_keys}
+        contexts = {s: self.pair.sessions.last_prompt.get(s, 0) for s in keys}
+        stored = {s: cache.stored_keys(k, now)[0] for s, k in keys.items()}
+        return carried_cost(contexts, stored, cache.spec.load_s)
+
+    def _carried_now(self, to: Role) -> CarriedCost:
+        now = self.sim.now
+        if self._cost is None or now - self._cost[0] >= self.COST_REFRESH_S:
+            self._cost = (now, self.carried(to))
+        return self._cost[1]
+
     def evaluate(self) -> None:
         if self.turning is not None:
             return
         now = self.sim.now
-        level, top, band = load_against_crossover(self.pool.snapshot(self.pair, now), self.routing)
+        load = LoadSignal(*load_against_crossover(self.pool.snapshot(self.pair, now), self.routing))
         running = self._on(self.holder)
         continued = sum(len(f.job.prompt_ids) + f.generated for f in running if f.lease.started)
-        cached = min(self._sessions_context(), self.sim.engines[self.holder].prefix_cached_tokens)
-        decision = decide_turn(Holding(self.holder, self.since, self.across_since),
-                               LoadSignal(level, top, band), self.rules, now,
-                               cached_tokens=cached, continued_tokens=continued)
+        # what the turn would cost matters only once the load stands on the other side
+        cost = self._carried_now(self._other()) if wanted(self.holder, load) != self.holder else CarriedCost(0, 0.0)
+        decision = decide_turn(Holding(self.holder, self.since, self.across_since), load, self.rules, now,
+                               cached_tokens=cost.prefill_tokens, continued_tokens=continued,
+                               load_s=cost.load_s)
         self.across_since = decision.across_since
         if decision.turn and decision.to is not None:
             self._begin_turn(decision.to, decision.reason)
         elif decision.reason in ("confirming", "dwell"):
-            self._recheck(decision.reason, cached, continued)
+            self._recheck(decision.reason, cost, continued)
 
-    def _recheck(self, reason: str, cached: int, continued: int) -> None:
+    def _recheck(self, reason: str, cost: CarriedCost, continued: int) -> None:
         """Look again when the answer could change without any request arriving or ending."""
         assert self.across_since is not None
         to_mtp = self.holder == "plain"
         if reason == "confirming":
             at = self.across_since + (self.rules.to_mtp_after_s if to_mtp else self.rules.to_plain_after_s)
         else:
-            at = self.since + self.rules.dwell(cached, continued)
+            at = self.since + self.rules.dwell(cost.prefill_tokens, continued, cost.load_s)
         if at <= self.sim.now or (self._timer_at is not None and self._timer_at <= at):
             return
         self._timer_at = at
@@ -346,6 +423,7 @@ class TurnsController:
     def _begin_turn(self, to: Role, reason: str) -> None:
         turn = self.turning = TurnRecord(start=self.sim.now, to=to, reason=reason)
         self.turns.append(turn)
+        self._record_cost(turn)
         incoming = self.pair.backends[to]
         flights = self._on(self.holder)
         unstarted = [f for f in flights if not f.lease.started]
@@ -378,9 +456,39 @@ class TurnsController:
             turn.continued += 1
             turn.continued_tokens += len(flight.job.prompt_ids) + flight.generated
             self.flights.continue_on(flight, incoming)
+        now = self.sim.now
+        cache = self.sim.hicache.get(self.holder)
+        if cache is not None:  # idle and unpaused until its L3 writes drain, bounded
+            until = min(cache.drained_at(now), now + self.model.drain_bound_s)
+            if until > now:
+                turn.drain_s = until - now
+                self.sim.at(until, self._park)
+                return
+        self._park()
+
+    def _park(self) -> None:
+        turn = self.turning
+        assert turn is not None
         turn.released_at = self.sim.now
+        cache = self.sim.hicache.get(self.holder)
+        dropped = cache.dropped_tokens if cache is not None else 0
         self.sim.park(self.holder, flush_cache=True)
+        turn.dropped_tokens = cache.dropped_tokens - dropped if cache is not None else 0
         self.sim.at(self.sim.now + self.model.cost_s, self._settle)
+
+    def _record_cost(self, turn: TurnRecord) -> None:
+        """The turn's cost to the sessions at work, from the stores as they are now."""
+        now, idle_s = self.sim.now, self.routing.session_idle_s
+        sessions = self.pair.sessions
+        turn.sessions = sessions.at_work(now, idle_s)
+        turn.context_tokens = sessions.reusable_context(now, idle_s)
+        if turn.to in self.sim.hicache:
+            cost = self.carried(turn.to)
+            turn.prefill_tokens, turn.load_s = cost.prefill_tokens, cost.load_s
+        else:
+            turn.prefill_tokens = turn.context_tokens
+        profile = self.sim.engines[turn.to].profile
+        turn.prefill_s = profile.prefill_ms_per_1k * turn.prefill_tokens / 1e6
 
     def _settle(self) -> None:
         turn = self.turning
@@ -421,7 +529,7 @@ def run_virtual(workload: Workload, routing: Routing, profiles: Mapping[str, Pro
     if sum(x is not None for x in (plan, phases, arrivals)) != 1:
         raise ValueError("give a level plan, a schedule or open-loop arrivals")
     sim = VirtualSim(profiles, shared_device=shared_device, seed=seed, log_steps=log_steps,
-                     log_requests=log_requests)
+                     log_requests=log_requests, hicache=turns.store_specs(profiles) if turns else None)
     if turns is not None:  # the pool's load signal and crossover are the turns' own
         routing = turns_routing or routing
     pool = virtual_pool(routing, profiles, learned)

@@ -49,12 +49,16 @@ class SessionActivity:
             gone += 1
         return len(self.in_flight) + len(self.idle_since) - gone
 
+    def working(self, now: float, idle_s: float) -> list[str]:
+        """The sessions at work: in flight, or idle at most `idle_s`. A read, as `at_work`."""
+        idle = [s for s, since in self.idle_since.items() if now - since <= idle_s]
+        return [*self.in_flight, *idle]
+
     def reusable_context(self, now: float, idle_s: float) -> int:
         """The prefix cache the traffic would reuse, in tokens: the last prompt of every session
         at work (in flight, or idle at most `idle_s`: its next request extends that prompt).
         One-off prompts are never hit again and count nothing. A read, as `at_work`."""
-        idle = (s for s, since in self.idle_since.items() if now - since <= idle_s)
-        return sum(self.last_prompt[s] for s in (*self.in_flight, *idle))
+        return sum(self.last_prompt[s] for s in self.working(now, idle_s))
 
     def _forget_idle(self, now: float, idle_s: float) -> None:
         while self.idle_since and now - next(iter(self.idle_since.values())) > idle_s:

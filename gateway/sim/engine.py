@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -69,6 +69,8 @@ class _Seq:
     abort_at_step_end: bool = False
     gone: bool = False  # aborted while a step that contains it was running
     retracted: bool = False  # back in the queue after running: its next prefill re-computes it all
+    loading: bool = False  # queued, waiting for its stored prefix to load (HiCache prefetch)
+    stored: int = 0  # prompt tokens it starts from, loaded from the server's HiCache
 
 
 @dataclass(eq=False)
@@ -110,7 +112,8 @@ class PrefixCache:
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self._memo: OrderedDict[int, tuple[Sequence[int], list[int]]] = OrderedDict()
 
-    def _keys(self, prompt: Sequence[int]) -> list[int]:
+    def keys(self, prompt: Sequence[int]) -> list[int]:
+        """The prompt's whole blocks' keys, each hashing the prefix up to its block."""
         if type(prompt) is not tuple:
             return self._hash_blocks(prompt)
         memo = self._memo.get(id(prompt))
@@ -134,7 +137,7 @@ class PrefixCache:
     def match(self, prompt: Sequence[int]) -> int:
         """Number of leading prompt tokens already cached (and mark them recently used)."""
         matched = 0
-        for key in self._keys(prompt):
+        for key in self.keys(prompt):
             if key not in self._blocks:
                 break
             self._blocks.move_to_end(key)
@@ -146,7 +149,7 @@ class PrefixCache:
         return len(self._blocks) * CACHE_BLOCK_TOKENS
 
     def insert(self, prompt: Sequence[int]) -> None:
-        for key in self._keys(prompt):
+        for key in self.keys(prompt):
             self._blocks[key] = None
             self._blocks.move_to_end(key)
         while len(self._blocks) > self._capacity_blocks:
@@ -167,6 +170,7 @@ class EngineStats:
     peak_running: int = 0
     retracted_requests: int = 0  # times a running request was put back in the queue
     reprefill_tokens: int = 0  # prompt + generated tokens computed again after a retract
+    loaded_tokens: int = 0  # prompt tokens loaded from the HiCache store instead of prefilled
     recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
 
     @property
@@ -213,6 +217,11 @@ class Engine:
         # The draft model's weights came back as garbage (released without a host copy): every
         # draft is rejected, the accept length falls to 1.0 without an error (sglang #31674).
         self.drafts_broken = False
+        # HiCache (gateway/sim/hicache.py), wired by the driver: called with every prompt the
+        # prefix cache inserts (write-through), and the share of time a prefill step pays for it.
+        self.on_insert: Callable[[Sequence[int]], None] | None = None
+        self.prefill_overhead = 0.0
+        self._loading = 0  # queued requests waiting for their stored prefix
         # rid -> prompt tokens the prefix cache gave it at its first admission, when kept
         # (VirtualSim(log_requests=True)): what a test compares with the prefix it expects shared
         self.cached_by_rid: dict[str, int] | None = None
@@ -250,6 +259,28 @@ class Engine:
     def prefix_cached_tokens(self) -> int:
         """Tokens held by the prefix cache (what a release would throw away)."""
         return self._cache.cached_tokens
+
+    def device_match(self, prompt: Sequence[int]) -> int:
+        """Leading prompt tokens the device's prefix cache holds."""
+        return self._cache.match(prompt)
+
+    def block_keys(self, prompt: Sequence[int]) -> list[int]:
+        return self._cache.keys(prompt)
+
+    def hold(self, rid: str) -> None:
+        """The queued request waits for its stored prefix (skipped at admission,
+        scheduler.py:4240-4255) until :meth:`loaded`."""
+        seq = self._by_rid.get(rid)
+        if seq is not None and seq in self._waiting and not seq.loading:
+            seq.loading = True
+            self._loading += 1
+
+    def loaded(self, rid: str, tokens: int) -> None:
+        """Its read is done: it starts from ``tokens`` of its prompt."""
+        seq = self._by_rid.get(rid)
+        if seq is not None and seq.loading:
+            seq.loading, seq.stored = False, tokens
+            self._loading -= 1
 
     def flush_prefix_cache(self) -> None:
         """Forget every cached prefix (a release of the KV cache flushes the radix cache)."""
@@ -303,6 +334,9 @@ class Engine:
 
     def _remove(self, seq: _Seq) -> None:
         seq.gone = True
+        if seq.loading:
+            seq.loading = False
+            self._loading -= 1
         del self._by_rid[seq.request.rid]
         for pool in (self._waiting, self._prefilling, self._running):
             if seq in pool:
@@ -335,7 +369,9 @@ class Engine:
             tokens.append(take)
             budget -= take
         while budget > 0 and self._waiting and self.num_running < self.profile.effective_max_running:
-            seq = self._waiting.popleft()
+            seq = self._next_admissible()
+            if seq is None:
+                break
             self._admit(seq)
             take = min(seq.uncached, budget)
             seqs.append(seq)
@@ -343,7 +379,18 @@ class Engine:
             budget -= take
         if not seqs:
             return None
-        return Step("prefill", self.profile.prefill_step_s(sum(tokens)), seqs, tokens)
+        duration = self.profile.prefill_step_s(sum(tokens)) * (1.0 + self.prefill_overhead)
+        return Step("prefill", duration, seqs, tokens)
+
+    def _next_admissible(self) -> _Seq | None:
+        """The first queued request not waiting for a load, taken out of the queue."""
+        if not self._loading:
+            return self._waiting.popleft()
+        for i, seq in enumerate(self._waiting):
+            if not seq.loading:
+                del self._waiting[i]
+                return seq
+        return None
 
     def _admit(self, seq: _Seq) -> None:
         prompt = seq.request.prompt
@@ -356,7 +403,10 @@ class Engine:
             self.stats.reprefill_tokens += seq.uncached
             self._prefilling.append(seq)
             return
-        cached = min(self._cache.match(prompt), len(prompt) - 1)  # the last token is always computed
+        device = self._cache.match(prompt)
+        # the last token is always computed
+        cached = min(max(device, seq.stored), len(prompt) - 1)
+        self.stats.loaded_tokens += max(0, cached - device)
         seq.uncached = len(prompt) - cached
         self.stats.prompt_tokens += len(prompt)
         self.stats.cached_tokens += cached
@@ -427,6 +477,8 @@ class Engine:
                 continue
             # Prefill done: the forward pass that completes the prompt samples the first token.
             self._cache.insert(seq.request.prompt)
+            if self.on_insert is not None:
+                self.on_insert(seq.request.prompt)
             self._prefilling.remove(seq)
             self._running.append(seq)
             # A retracted request's prefill samples its next token, not its first.

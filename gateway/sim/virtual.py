@@ -26,6 +26,14 @@ prefix cache as a release does; ``sim.unpark(name)`` lets it step again. ``log_s
 ``log_requests`` keeps every submitted request as the simulator saw it (:class:`RequestLog`:
 when it came, its prompt length, the tokens its prefix cache gave it, what it generated), so a
 test reads lengths and cache hits from the simulator itself.
+
+HiCache (``hicache``: backend -> :class:`gateway.sim.hicache.StoreSpec`): each such backend gets
+a host tier and its L3 namespace (backends naming one namespace share it; two page formats in
+one raise :class:`gateway.sim.hicache.NamespaceConflict`). Every prompt its prefix cache inserts
+is written through; a request whose stored prefix goes past the device's waits, queued, for its
+load (from when its server steps: a parked server's tokenizer holds new requests), then
+prefills the tail; a release (``park(flush_cache=True)``) drops the host tier and the writes
+not yet in L3.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from gateway.sim.engine import Engine, Output, Request, Step
+from gateway.sim.hicache import WRITE_THROUGH_PREFILL_OVERHEAD, HiCache, Stores, StoreSpec
 from gateway.sim.profile import Profile
 
 # SGLang 0.5.23 aborts a stream as soon as the client's disconnect cancels it (the
@@ -90,7 +99,7 @@ class VirtualSim:
     def __init__(
         self, profiles: Mapping[str, Profile], shared_device: bool = True, seed: int = 0,
         devices: Mapping[str, str] | None = None, log_steps: bool = False,
-        log_requests: bool = False,
+        log_requests: bool = False, hicache: Mapping[str, StoreSpec] | None = None,
     ) -> None:
         self.now = 0.0
         self.parked: set[str] = set()
@@ -112,6 +121,18 @@ class VirtualSim:
         # By backend, then rid: a step's outputs look theirs up in one backend's table.
         self._callbacks: dict[str, dict[str, _Callbacks]] = {name: {} for name in self.engines}
         self._active: set[str] = set()  # stepping, or waiting for the device
+        self.stores = Stores()
+        self.hicache: dict[str, HiCache] = {}
+        for name, spec in (hicache or {}).items():
+            self._attach(name, spec)
+        # requests that reached a parked backend: their store lookup waits for its unpark
+        self._lookup_later: dict[str, list[Request]] = {name: [] for name in self.engines}
+
+    def _attach(self, name: str, spec: StoreSpec) -> None:
+        engine = self.engines[name]
+        cache = self.hicache[name] = HiCache(spec, self.stores.open(spec), engine.block_keys)
+        engine.on_insert = lambda prompt: cache.written(prompt, self.now)
+        engine.prefill_overhead = WRITE_THROUGH_PREFILL_OVERHEAD
 
     # --- scheduling ----------------------------------------------------------------------
 
@@ -146,8 +167,29 @@ class VirtualSim:
         if self._request_log is not None:
             on_chunk, on_finish = self._logged(backend, request, on_chunk, on_finish)
         self._callbacks[backend][request.rid] = _Callbacks(on_first_token, on_chunk, on_finish)
+        if backend in self.hicache:
+            if backend in self.parked:
+                self._lookup_later[backend].append(request)
+            else:
+                self._look_up(backend, request)
         # Deferred, so requests submitted at the same instant join one prefill batch.
         self.at(self.now, lambda: self._kick(backend))
+
+    def _look_up(self, backend: str, request: Request) -> None:
+        """Its stored prefix, if it adds enough to the device's: it waits for the load."""
+        engine = self.engines[backend]
+        if request.rid not in engine:
+            return
+        load = self.hicache[backend].lookup(request.prompt, engine.device_match(request.prompt), self.now)
+        if load is None:
+            return
+        engine.hold(request.rid)
+
+        def loaded() -> None:
+            engine.loaded(request.rid, load.tokens)
+            self._kick(backend)
+
+        self.at(load.ready_at, loaded)
 
     def _logged(self, backend: str, request: Request, on_chunk: ChunkCallback | None,
                 on_finish: FinishCallback | None) -> tuple[ChunkCallback, FinishCallback]:
@@ -201,10 +243,15 @@ class VirtualSim:
         self.parked.add(backend)
         if flush_cache:
             self.engines[backend].flush_prefix_cache()
+            if backend in self.hicache:
+                self.hicache[backend].release(self.now)
 
     def unpark(self, backend: str) -> None:
         """Resumed: it steps again from now on."""
         self.parked.discard(backend)
+        waiting, self._lookup_later[backend] = self._lookup_later[backend], []
+        for request in waiting:
+            self._look_up(backend, request)
         self.at(self.now, lambda: self._kick(backend))
 
     # --- the device loop -----------------------------------------------------------------

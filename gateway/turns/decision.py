@@ -20,15 +20,19 @@ The rule:
   ``dwell_turns`` times what a turn costs, so turns never take more than about
   ``1 / dwell_turns`` of the time however the load swings. A turn costs its own pause, release,
   resume and continue (``turn_cost_s``), the re-prefill of the streams continued on the
-  incoming server (``continued_tokens``), and the prefix cache thrown away (``cached_tokens``:
-  release flushes it, so the incoming server starts cold and the outgoing one will too when
-  it comes back), each at ``prefill_tokens_per_s``. A server holding a large warm cache
-  (agentic sessions) therefore holds longer.
+  incoming server (``continued_tokens``), and what the sessions at work pay on the incoming
+  server for their contexts (``cached_tokens`` at ``prefill_tokens_per_s``, and ``load_s``).
+  Without a store the release flushes the outgoing server's prefix cache and the incoming
+  server prefills every context (``cached_tokens``: all of it). With each server keeping its
+  own L3 store (SGLang's HiCache, gateway/sim/hicache.py) the incoming server prefills only
+  what its store lacks and loads the rest: :func:`carried_cost` gives both. A server holding a
+  large warm cache (agentic sessions) therefore holds longer.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,13 +63,34 @@ class TurnRules:
         if any(v < 0 for v in values) or self.prefill_tokens_per_s <= 0:
             raise ValueError("turn rules take non-negative times and a positive prefill rate")
 
-    def turn_cost(self, cached_tokens: int = 0, continued_tokens: int = 0) -> float:
-        """Seconds a turn costs the pair now: the turn itself and the tokens it makes the
-        servers compute again."""
-        return self.turn_cost_s + (cached_tokens + continued_tokens) / self.prefill_tokens_per_s
+    def turn_cost(self, cached_tokens: int = 0, continued_tokens: int = 0, load_s: float = 0.0) -> float:
+        """Seconds a turn costs the pair now: the turn itself, the tokens it makes the
+        incoming server compute again, and the seconds it loads stored contexts."""
+        return self.turn_cost_s + (cached_tokens + continued_tokens) / self.prefill_tokens_per_s + load_s
 
-    def dwell(self, cached_tokens: int = 0, continued_tokens: int = 0) -> float:
-        return max(self.min_dwell_s, self.dwell_turns * self.turn_cost(cached_tokens, continued_tokens))
+    def dwell(self, cached_tokens: int = 0, continued_tokens: int = 0, load_s: float = 0.0) -> float:
+        return max(self.min_dwell_s, self.dwell_turns * self.turn_cost(cached_tokens, continued_tokens, load_s))
+
+
+@dataclass(frozen=True, slots=True)
+class CarriedCost:
+    """What the sessions at work pay for their contexts on the incoming server."""
+
+    prefill_tokens: int  # not in its store: prefilled again
+    load_s: float  # in its store: loaded instead
+
+
+def carried_cost(contexts: Mapping[str, int], stored: Mapping[str, int],
+                 load_s: Callable[[int], float]) -> CarriedCost:
+    """``contexts``: each session at work's context (its last prompt, tokens); ``stored``: what
+    of it the incoming server's store holds (a session missing: nothing); ``load_s``: seconds to
+    load that many stored tokens. Loads queue on the server's IO thread, so they add up."""
+    prefill, seconds = 0, 0.0
+    for session, context in contexts.items():
+        have = min(stored.get(session, 0), context)
+        prefill += context - have
+        seconds += load_s(have) if have else 0.0
+    return CarriedCost(prefill, seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +131,14 @@ def wanted(holder: Role, load: LoadSignal) -> Role:
 
 
 def decide_turn(memory: Holding, load: LoadSignal, rules: TurnRules, now: float, *,
-                cached_tokens: int = 0, continued_tokens: int = 0) -> TurnDecision:
+                cached_tokens: int = 0, continued_tokens: int = 0, load_s: float = 0.0) -> TurnDecision:
     """Whether to hand the memory over now, and to whom (see the module docstring).
-    ``cached_tokens``: the outgoing server's prefix cache that a release throws away and the
-    traffic would reuse (the contexts of the sessions at work; a cache of one-off prompts
-    costs nothing to lose);
+    ``cached_tokens``: the sessions' contexts the incoming server must prefill again, which
+    the traffic would have reused (without a store: the outgoing server's prefix cache that a
+    release throws away; a cache of one-off prompts costs nothing to lose);
     ``continued_tokens``: prompt + generated tokens of the streams the incoming server would
-    continue (prefilled again there)."""
+    continue (prefilled again there);
+    ``load_s``: seconds the incoming server loads the contexts its store holds."""
     to = wanted(memory.holder, load)
     if to == memory.holder:
         return TurnDecision(False, None, "holder_fits", None)
@@ -120,7 +146,7 @@ def decide_turn(memory: Holding, load: LoadSignal, rules: TurnRules, now: float,
     confirm = rules.to_plain_after_s if to == "plain" else rules.to_mtp_after_s
     if now - across < confirm:
         return TurnDecision(False, None, "confirming", across)
-    if now - memory.since < rules.dwell(cached_tokens, continued_tokens):
+    if now - memory.since < rules.dwell(cached_tokens, continued_tokens, load_s):
         return TurnDecision(False, None, "dwell", across)
     reason: TurnReason = "load_above_crossover" if to == "plain" else "load_below_crossover"
     return TurnDecision(True, to, reason, None)
