@@ -51,6 +51,7 @@ client, in the turns' waiting room or in a server's queue is all in it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -69,7 +70,7 @@ from gateway.routing.backend import BackendState
 from gateway.routing.crossover import CrossoverEstimator
 from gateway.routing.policy import load_against_crossover
 from gateway.routing.pool import Ask, Lease, Pool
-from gateway.sim.hicache import DRAIN_BOUND_S, StoreSpec, store_spec
+from gateway.sim.hicache import DRAIN_BOUND_S, L3_WRITE_BYTES_PER_S, StoreSpec, store_spec
 from gateway.sim.profile import Profile
 from gateway.sim.virtual import RequestLog, VirtualSim
 from gateway.turns.decision import (
@@ -101,13 +102,16 @@ class TurnModel:
     store: Literal["own", "shared", "none"] = "own"  # each server's HiCache L3 namespace
     drain_bound_s: float = DRAIN_BOUND_S  # the outgoing server's L3 writes, before the pause
     gpus: int = 4  # ranks a store's pages and Mamba states are split over
+    l3_write_bytes_per_s: float = L3_WRITE_BYTES_PER_S  # a rank: how fast its store takes writes
 
     def store_specs(self, profiles: Mapping[str, Profile]) -> dict[str, StoreSpec]:
         """Each server's store: ``own`` a namespace each, ``shared`` one for both."""
         if self.store == "none":
             return {}
-        return {role: store_spec(profiles[role].speculative, gpus=self.gpus,
-                                 namespace="pair" if self.store == "shared" else role)
+        return {role: dataclasses.replace(
+                    store_spec(profiles[role].speculative, gpus=self.gpus,
+                               namespace="pair" if self.store == "shared" else role),
+                    l3_write_bytes_per_s=self.l3_write_bytes_per_s)
                 for role in ("mtp", "plain") if role in profiles}
 
     def rules(self, routing: Routing) -> TurnRules:

@@ -15,7 +15,7 @@ from gateway.bench.turns_virtual import (
     run_virtual,
     turns_routing,
 )
-from gateway.bench.workloads import make_workload
+from gateway.bench.workloads import Job, Send, Think, Workload, make_workload
 from gateway.cli import main
 from gateway.config import Routing
 from gateway.sim.profile import packaged_timings, single_profile
@@ -186,3 +186,65 @@ def test_finish_back_continues_on_the_way_to_plain_and_finishes_on_the_way_back(
     assert back.continued == 0 and back.finished_first > 0 and back.released_at > back.start
     assert all(r.ok for r in run.records) and {r.tokens for r in run.records} == {1000}
     assert_never_both_holding(run)
+
+
+class LongSessions(Workload):
+    """Sessions with a 1,024-token context of their own that grows by 256 tokens a call, a call
+    every 2 s: the first two outlive every phase (60 calls), the others make 10."""
+
+    name = "long-sessions"
+
+    def script(self, index: int):
+        base = 100_000 * (index + 1)
+        ids = tuple(range(base, base + 1_024))
+        for _ in range(60 if index < 2 else 10):
+            yield Send([Job("/v1/chat/completions", {}, prompt_ids=ids, max_tokens=8, session=f"s{index}")])
+            yield Think(2.0)
+            ids += tuple(range(base + len(ids), base + len(ids) + 256))
+
+
+def run_long_sessions(store, drain_bound_s=5.0, l3_write_bytes_per_s=1e9):
+    (target,) = build_targets(["pair-turns"], "h200",
+                              turn=TurnModel(crossover=8, store=store, drain_bound_s=drain_bound_s,
+                                             l3_write_bytes_per_s=l3_write_bytes_per_s))
+    phases = [Phase(2, 30.0), Phase(16, 20.0), Phase(2, 60.0)]
+    return run_virtual(LongSessions(), ROUTING, target.profiles, phases=phases, turns=target.turns,
+                       turns_routing=turns_routing(ROUTING, 8), log_requests=True)
+
+
+def test_with_its_own_store_mtp_finds_on_its_next_turn_the_contexts_it_served_before():
+    carried = run_long_sessions("own")
+    cold = run_long_sessions("none")
+    assert [t.to for t in carried.turns] == [t.to for t in cold.turns] == ["plain", "mtp"]
+    back, back_cold = carried.turns[1], cold.turns[1]
+    # both sessions at work were MTP's before: only what they gained since is prefilled
+    assert back.sessions == 2 and back.context_tokens > 2 * 1_024 + 2 * 256 * 20
+    assert back.prefill_tokens < back.context_tokens / 2 and back.load_s > 0
+    assert back_cold.prefill_tokens == back_cold.context_tokens
+    # and the requests after the turn really loaded their prefixes
+    after = [r for r in carried.request_log if r.backend == "mtp" and r.at >= back.settled_at]
+    after_cold = [r for r in cold.request_log if r.backend == "mtp" and r.at >= back_cold.settled_at]
+    assert sum(r.cached_tokens or 0 for r in after[:2]) > sum(r.cached_tokens or 0 for r in after_cold[:2])
+    # the first turn, into plain, finds nothing: plain has never held the memory
+    assert carried.turns[0].prefill_tokens == carried.turns[0].context_tokens
+
+
+def test_the_outgoing_server_drains_its_writes_before_its_pause_within_the_bound():
+    # a store that takes 100 MB/s a rank: MTP's last writes are still queued at the turn to plain
+    drained = run_long_sessions("own", l3_write_bytes_per_s=1e8).turns[0]
+    assert drained.to == "plain" and 0 < drained.drain_s <= 5.0 and drained.dropped_tokens == 0
+    assert drained.released_at == pytest.approx(drained.start + drained.drain_s)
+    # not waiting, the release drops them (lost for MTP's next turn)
+    hurried = run_long_sessions("own", drain_bound_s=0.0, l3_write_bytes_per_s=1e8).turns[0]
+    assert hurried.drain_s == 0 and hurried.dropped_tokens > 0 and hurried.released_at == hurried.start
+    # and the bound holds however slow the store
+    slow = run_long_sessions("own", drain_bound_s=1.0, l3_write_bytes_per_s=1e7).turns
+    assert all(t.drain_s <= 1.0 for t in slow) and any(t.dropped_tokens for t in slow)
+
+
+def test_one_store_for_both_servers_is_refused_before_anything_runs(capsys):
+    code = main(["bench", "--sim", "--workload", "seed", "--max-tokens", "16", "--schedule", "2:5",
+                 "--target", "pair-turns", "--turns-store", "shared", "--turns-crossover", "8",
+                 "--no-progress"])
+    assert code == 2
+    assert "13 layers against 12" in capsys.readouterr().err

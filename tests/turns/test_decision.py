@@ -6,10 +6,12 @@ import pytest
 
 from gateway.turns.decision import (
     NEVER,
+    CarriedCost,
     Holding,
     LoadSignal,
     TurnDecision,
     TurnRules,
+    carried_cost,
     decide_turn,
     wanted,
 )
@@ -104,3 +106,30 @@ def test_any_positive_prefill_rate_is_a_rule_and_the_refusal_says_what_is_wrong(
     assert TurnRules(prefill_tokens_per_s=0.5).turn_cost(cached_tokens=1) == pytest.approx(3.5)
     with pytest.raises(ValueError, match="^turn rules take non-negative times and a positive prefill rate$"):
         TurnRules(to_mtp_after_s=-0.1)
+
+
+def test_with_a_store_a_turn_costs_what_the_incoming_server_lacks_prefilled_and_the_rest_loaded():
+    contexts = {"a": 60_000, "b": 40_000, "c": 1_000}
+    stored = {"a": 50_000, "c": 5_000}  # "b" is new to the incoming server; "c" shrank (compacted)
+    cost = carried_cost(contexts, stored, load_s=lambda tokens: tokens / 1_000_000)
+    assert cost == CarriedCost(prefill_tokens=10_000 + 40_000 + 0, load_s=pytest.approx(0.051))
+    assert carried_cost(contexts, {}, load_s=lambda tokens: 1.0) == CarriedCost(101_000, 0.0)
+
+
+def test_the_load_seconds_count_in_the_turns_cost_and_its_dwell():
+    assert RULES.turn_cost(10_000, 0, load_s=2.0) == pytest.approx(1.5 + 1.0 + 2.0)
+    memory = Holding("mtp", since=0.0)
+    high = LoadSignal(40, 32, 6)
+    # dwell: 10 x (1.5 + 1.0) = 25 s without the load, 10 x 4.5 = 45 s with it
+    assert decide_turn(memory, high, RULES, now=30.0, cached_tokens=10_000).turn
+    held = decide_turn(memory, high, RULES, now=30.0, cached_tokens=10_000, load_s=2.0)
+    assert not held.turn and held.reason == "dwell"
+    assert decide_turn(memory, high, RULES, now=45.0, cached_tokens=10_000, load_s=2.0).turn
+
+
+def test_a_store_that_holds_the_sessions_contexts_makes_the_turn_cheaper_than_re_prefilling_them():
+    contexts = {f"s{i}": 80_000 for i in range(32)}
+    without = carried_cost(contexts, {}, load_s=lambda t: 0.0)
+    with_store = carried_cost(contexts, {s: 79_000 for s in contexts}, load_s=lambda t: t * 12_288 / 3e9)
+    assert (RULES.turn_cost(with_store.prefill_tokens, 0, with_store.load_s)
+            < RULES.turn_cost(without.prefill_tokens, 0, without.load_s) / 5)
