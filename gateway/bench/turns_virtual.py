@@ -382,6 +382,8 @@ class TurnsController:
 
     def _carried_now(self, to: Role) -> CarriedCost:
         now = self.sim.now
+        if to not in self.sim.hicache:  # a sum, cheap
+            return self.carried(to)
         if self._cost is None or now - self._cost[0] >= self.COST_REFRESH_S:
             self._cost = (now, self.carried(to))
         return self._cost[1]
@@ -394,7 +396,8 @@ class TurnsController:
         running = self._on(self.holder)
         continued = sum(len(f.job.prompt_ids) + f.generated for f in running if f.lease.started)
         # what the turn would cost matters only once the load stands on the other side
-        cost = self._carried_now(self._other()) if wanted(self.holder, load) != self.holder else CarriedCost(0, 0.0)
+        across = wanted(self.holder, load) != self.holder
+        cost = self._carried_now(self._other()) if across else CarriedCost(0, 0.0)
         decision = decide_turn(Holding(self.holder, self.since, self.across_since), load, self.rules, now,
                                cached_tokens=cost.prefill_tokens, continued_tokens=continued,
                                load_s=cost.load_s)

@@ -69,7 +69,8 @@ class TurnRules:
         return self.turn_cost_s + (cached_tokens + continued_tokens) / self.prefill_tokens_per_s + load_s
 
     def dwell(self, cached_tokens: int = 0, continued_tokens: int = 0, load_s: float = 0.0) -> float:
-        return max(self.min_dwell_s, self.dwell_turns * self.turn_cost(cached_tokens, continued_tokens, load_s))
+        cost = self.turn_cost(cached_tokens, continued_tokens, load_s)
+        return max(self.min_dwell_s, self.dwell_turns * cost)
 
 
 @dataclass(frozen=True, slots=True)

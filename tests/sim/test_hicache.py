@@ -103,8 +103,8 @@ def test_a_request_waits_for_its_load_then_prefills_only_the_tail():
 
 
 def test_a_hit_stops_at_the_deepest_page_whose_node_has_a_mamba_state():
-    cache = HiCache(spec(), L3Store(spec()), lambda p: [hash(tuple(p[:i + PAGE_TOKENS]))
-                                                        for i in range(0, len(p) - PAGE_TOKENS + 1, PAGE_TOKENS)])
+    engine_keys = VirtualSim(profiles()).engines["plain"].block_keys
+    cache = HiCache(spec(), L3Store(spec()), engine_keys)
     cache.written(PROMPT, 0.0)
     later = 1e6
     assert cache.stored(PROMPT, later)[0] == len(PROMPT)
