@@ -320,9 +320,11 @@ class TurnsController:
     turns: list[TurnRecord] = field(default_factory=list)
     waiting: deque[_Waiting] = field(default_factory=deque)
     _timer_at: float | None = None
-    # with a store: each session's last prompt's page keys, and the decision's carried cost
-    # (recomputed at most every COST_REFRESH_S: it walks every session's pages)
-    _session_keys: dict[str, list[int]] = field(default_factory=dict)
+    # each session's context: when its last Send left, its longest prompt then (a Send's jobs
+    # leave together: a side call or sub-agents beside the main call are not its context), and
+    # with a store its page keys; and the decision's carried cost (recomputed at most every
+    # COST_REFRESH_S: it walks every session's pages)
+    _contexts: dict[str, tuple[float, int, list[int]]] = field(default_factory=dict)
     _cost: tuple[float, CarriedCost] | None = None
 
     COST_REFRESH_S = 1.0
@@ -345,8 +347,8 @@ class TurnsController:
         self.evaluate()
 
     def _admit(self, job: Job, record: RequestRecord, done: Callable[[Outcome], None]) -> None:
-        if self.sim.hicache and job.session is not None:
-            self._session_keys[job.session] = self.sim.engines[self.holder].block_keys(job.prompt_ids)
+        if job.session is not None:
+            self._track(job.session, job.prompt_ids)
         ask = Ask(session=job.session, pin=self.holder, prompt_tokens=len(job.prompt_ids))
         lease = self.pool.admit(ask, self.sim.now)
         assert isinstance(lease, Lease) and lease.backend.role == self.holder
@@ -362,6 +364,17 @@ class TurnsController:
         backend = self.pair.backends[role]
         return [f for f in self.flights.live.values() if f.lease.backend is backend]
 
+    def _track(self, session: str, prompt: Sequence[int]) -> None:
+        now, known = self.sim.now, self._contexts.get(session)
+        if known is not None and known[0] == now and known[1] >= len(prompt):
+            return
+        keys = self.sim.engines[self.holder].block_keys(prompt) if self.sim.hicache else []
+        self._contexts[session] = (now, len(prompt), keys)
+
+    def _at_work(self) -> dict[str, tuple[float, int, list[int]]]:
+        at_work = self.pair.sessions.working(self.sim.now, self.routing.session_idle_s)
+        return {s: self._contexts[s] for s in at_work if s in self._contexts}
+
     def _sessions_context(self) -> int:
         return self.pair.sessions.reusable_context(self.sim.now, self.routing.session_idle_s)
 
@@ -373,11 +386,9 @@ class TurnsController:
         if cache is None:
             return CarriedCost(min(self._sessions_context(),
                                    self.sim.engines[self.holder].prefix_cached_tokens), 0.0)
-        now = self.sim.now
-        at_work = self.pair.sessions.working(now, self.routing.session_idle_s)
-        keys = {s: self._session_keys[s] for s in at_work if s in self._session_keys}
-        contexts = {s: self.pair.sessions.last_prompt.get(s, 0) for s in keys}
-        stored = {s: cache.stored_keys(k, now)[0] for s, k in keys.items()}
+        now, at_work = self.sim.now, self._at_work()
+        contexts = {s: tokens for s, (_, tokens, _) in at_work.items()}
+        stored = {s: cache.stored_keys(keys, now)[0] for s, (_, _, keys) in at_work.items()}
         return carried_cost(contexts, stored, cache.spec.load_s)
 
     def _carried_now(self, to: Role) -> CarriedCost:
@@ -485,10 +496,9 @@ class TurnsController:
 
     def _record_cost(self, turn: TurnRecord) -> None:
         """The turn's cost to the sessions at work, from the stores as they are now."""
-        now, idle_s = self.sim.now, self.routing.session_idle_s
-        sessions = self.pair.sessions
-        turn.sessions = sessions.at_work(now, idle_s)
-        turn.context_tokens = sessions.reusable_context(now, idle_s)
+        at_work = self._at_work()
+        turn.sessions = len(at_work)
+        turn.context_tokens = sum(tokens for _, tokens, _ in at_work.values())
         if turn.to in self.sim.hicache:
             cost = self.carried(turn.to)
             turn.prefill_tokens, turn.load_s = cost.prefill_tokens, cost.load_s

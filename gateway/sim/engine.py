@@ -369,12 +369,12 @@ class Engine:
             tokens.append(take)
             budget -= take
         while budget > 0 and self._waiting and self.num_running < self.profile.effective_max_running:
-            seq = self._next_admissible()
-            if seq is None:
+            admitted = self._next_admissible()
+            if admitted is None:
                 break
-            self._admit(seq)
-            take = min(seq.uncached, budget)
-            seqs.append(seq)
+            self._admit(admitted)
+            take = min(admitted.uncached, budget)
+            seqs.append(admitted)
             tokens.append(take)
             budget -= take
         if not seqs:
