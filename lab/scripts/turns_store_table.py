@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from gateway.sim.profile import packaged_timings
+
 
 def rows(path: str) -> list[str]:
     data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -23,15 +25,17 @@ def rows(path: str) -> list[str]:
         for turn in result["turns"]:
             sessions = max(turn["sessions"], 1)
             context, prefill = turn["context_tokens"], turn["prefill_tokens"]
-            # without a store every context is prefilled, at the same rate as prefill_s
-            rate = prefill / turn["prefill_s"] if turn["prefill_s"] else None
-            without_s = context / rate if rate else float("nan")
+            # without a store every context is prefilled, at the incoming server's rate
+            ms_per_1k = (turn["prefill_s"] * 1e6 / prefill if prefill
+                         else packaged_timings()[turn["to"]].prefill_ms_per_1k)
+            without_s = context * ms_per_1k / 1e6
             with_s = turn["prefill_s"] + turn["load_s"]
             lines.append(
                 f"| {result['target']} | {turn['start']:,.0f} s | to {turn['to']} | {turn['sessions']} "
                 f"| {context:,} ({context / sessions:,.0f}) | {without_s:,.1f} ({without_s / sessions:.2f}) "
                 f"| {prefill:,} ({prefill / sessions:,.0f}) | {turn['load_s']:.2f} "
-                f"| {with_s:,.1f} ({with_s / sessions:.2f}) | {turn['drain_s']:.2f} | {turn['dropped_tokens']:,} |")
+                f"| {with_s:,.1f} ({with_s / sessions:.2f}) | {turn['drain_s']:.2f} "
+                f"| {turn['dropped_tokens']:,} |")
     return lines
 
 
