@@ -276,6 +276,13 @@ class Turns(_Frozen):
     dwell_turns: float = Field(10.0, ge=0)
     to_plain_after_s: float = Field(0.0, ge=0)
     to_mtp_after_s: float = Field(5.0, ge=0)
+    # Each server keeps its prefix cache in its own HiCache L3 store (SGLang's
+    # --enable-hierarchical-cache, write_through, an L3 namespace each: docs/turns.md): a turn
+    # then costs the sessions at work what the incoming server's store lacks, prefilled, and
+    # the rest loaded at store_load_tokens_per_s (12,288 B a token a rank read from a tmpfs at
+    # ~3 GB/s, then copied at ~51 GB/s: ~230k tokens/s).
+    kv_store: bool = False
+    store_load_tokens_per_s: float = Field(230_000.0, gt=0)
     state_file: str | None = None  # the journal a restart settles from (one per node)
     # Several replicas: the gateway beside the pair drives its turns (null: this one does);
     # the others follow its GET /turns/state and hand off their own streams at a turn.

@@ -16,7 +16,16 @@ from gateway.config import Monitor, Pair, Role, Settings, Turns
 from gateway.routing.policy import load_against_crossover
 from gateway.routing.pool import PairState, Pool
 from gateway.turns.auto import AutoShape
-from gateway.turns.decision import NEVER, Holding, LoadSignal, TurnRules, decide_turn, wanted
+from gateway.turns.decision import (
+    NEVER,
+    CarriedCost,
+    Holding,
+    LoadSignal,
+    TurnRules,
+    carried_cost,
+    decide_turn,
+    wanted,
+)
 from gateway.turns.driver import PairDriver
 from gateway.turns.follow import FollowDriver
 from gateway.turns.handles import PairHandles, Streams
@@ -37,7 +46,11 @@ class LoadWish:
     """The pure hand-over decision (gateway/turns/decision.py) fed with the pair's load as the
     routing measures it (its crossover and hysteresis), the requests waiting for a turn, the
     routing's min_dwell_s and the last turn's measured cost. MTP is never wished for again
-    once its speculation came back lost (the operator restarts it)."""
+    once its speculation came back lost (the operator restarts it).
+
+    With ``turns.kv_store`` each server keeps its own store: what a server's store holds is
+    taken to be each session's context when that server last handed the memory over (it served
+    them until then, and its writes drained before its pause)."""
 
     def __init__(self, pool: Pool, pair: PairState, turns: Turns,
                  waiting: Callable[[], int], streams: Streams) -> None:
@@ -46,6 +59,7 @@ class LoadWish:
         self.since = NEVER  # the first turn needs no dwell
         self.across_since: float | None = None
         self.turn_cost_s = turns.turn_cost_s
+        self.stored: dict[Role, dict[str, int]] = {"mtp": {}, "plain": {}}
 
     def load(self, now: float) -> LoadSignal:
         level, crossover, band = load_against_crossover(self.pool.snapshot(self.pair, now),
@@ -62,15 +76,30 @@ class LoadWish:
     def turn_to(self, state: PairMemory, now: float) -> Role | None:
         if state.holder is None:
             return None
+        cost = self.carried(state.holder, now)
         decision = decide_turn(Holding(state.holder, self.since, self.across_since),
                                self.load(now), self.rules(), now,
-                               cached_tokens=self.pair.sessions.reusable_context(
-                                   now, self.pair.routing.session_idle_s),
+                               cached_tokens=cost.prefill_tokens, load_s=cost.load_s,
                                continued_tokens=self.continued_tokens(state.holder))
         self.across_since = decision.across_since
         if not decision.turn or (decision.to == "mtp" and state.speculation_lost):
             return None
         return decision.to
+
+    def contexts(self, now: float) -> dict[str, int]:
+        sessions = self.pair.sessions
+        return {s: sessions.last_prompt.get(s, 0)
+                for s in sessions.working(now, self.pair.routing.session_idle_s)}
+
+    def carried(self, holder: Role, now: float) -> CarriedCost:
+        """What the sessions at work pay for their contexts on the other server: all of them
+        prefilled, or (``kv_store``) what its store lacks and the rest loaded."""
+        if not self.turns.kv_store:
+            idle_s = self.pair.routing.session_idle_s
+            return CarriedCost(self.pair.sessions.reusable_context(now, idle_s), 0.0)
+        incoming: Role = "plain" if holder == "mtp" else "mtp"
+        rate = self.turns.store_load_tokens_per_s
+        return carried_cost(self.contexts(now), self.stored[incoming], lambda tokens: tokens / rate)
 
     def continued_tokens(self, holder: Role) -> int:
         """What the holder's running streams would make the incoming server prefill again:
@@ -87,6 +116,11 @@ class LoadWish:
         self.across_since = None
         if turn_s is not None:
             self.since, self.turn_cost_s = now, turn_s
+            if self.turns.kv_store:  # the outgoing server's store: the sessions it served
+                outgoing = self.stored["plain" if holder == "mtp" else "mtp"]
+                outgoing.update(self.contexts(now))
+                while len(outgoing) > self.pair.routing.max_sessions:
+                    del outgoing[next(iter(outgoing))]
 
 
 class TurnsRuntime:

@@ -65,3 +65,23 @@ def test_long_running_streams_hold_the_memory_longer_before_a_turn() -> None:
     assert wish.turn_to(MTP_HOLDS, now=SETTLED_AT + 80.0) == "plain"
     streams.running[mtp] = {}  # it ended: the cold dwell again
     assert _wish(pool, streams).turn_to(MTP_HOLDS, now=20.0) == "plain"
+
+
+def test_with_each_servers_store_a_turn_into_the_server_that_served_the_sessions_costs_their_load() -> None:
+    """Plain handed the memory to MTP with six 40k-token sessions at work: with `kv_store`
+    plain's store holds them, and a turn back to plain loads them (6 x 40k at 230k tokens/s:
+    1.04 s) instead of prefilling them (15 s at 16k tokens/s)."""
+    dwell = {}
+    for kv_store in (False, True):
+        pool = _busy_pool(session_prompts=40_000)
+        wish = LoadWish(pool, pool.pairs["p0"], Turns(kv_store=kv_store), lambda: 0, _no_streams())
+        wish.settled("mtp", SETTLED_AT, turn_s=1.5)  # a turn into MTP: plain served them
+        dwell[kv_store] = next(t for t in range(2, 200) if wish.turn_to(MTP_HOLDS, now=SETTLED_AT + t))
+    assert dwell[False] == 165  # 10 x (1.5 + 240k / 16k) = 165 s
+    assert dwell[True] == 26  # 10 x (1.5 + 240k / 230k) = 25.4 s
+    # a server whose store never held them costs what no store costs
+    pool = _busy_pool(session_prompts=40_000)
+    wish = LoadWish(pool, pool.pairs["p0"], Turns(kv_store=True), lambda: 0, _no_streams())
+    wish.settled("plain", SETTLED_AT, turn_s=1.5)  # the other way: MTP's store holds them
+    wish.settled("mtp", SETTLED_AT, turn_s=None)  # a settling, not a turn: plain's store unchanged
+    assert wish.turn_to(MTP_HOLDS, now=SETTLED_AT + 100) is None
