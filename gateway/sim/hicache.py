@@ -63,15 +63,6 @@ PAGE_TOKENS = 64
 # (prefetch_threshold's default, mem_cache/hybrid_cache/hybrid_cache_controller.py:404,
 # unified_radix_cache.py:2150-2156).
 PREFETCH_THRESHOLD_TOKENS = 256
-# The sizes a deployment of the turns pair gives each server (assumptions for a node of 1.5-2
-# TiB, beside the weights' host copies, 250 GiB for the pair on 4x H200:
-# memory.turns_host_gib). The host tier: --hicache-size 16 (GB a rank), not --hicache-ratio's
-# default 2.0 of the device pools (arg_groups/hicache_hook.py:100-126), which would be ~740 GiB
-# for the plain server on 4x H200. L3: SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE 96 GB a rank
-# (lru_file_evictor.py:56-150), 384 GB a server: 64 agent sessions' contexts of ~100k tokens
-# are ~315 GB of plain pages.
-HOST_TIER_BYTES = 4 * 16e9
-L3_CAPACITY_BYTES = 4 * 96e9
 # Host -> device, per GPU: the default IO backend "kernel" (arg_groups/fields/memory.py:128-134)
 # gathers scattered pages from pinned memory; 51 GB/s measured on one H200 for 64 KiB and
 # 768 KiB pages alike (docs/turns.md, "Keeping the prefix caches across a turn"). The device ->
@@ -139,14 +130,20 @@ class StoreSpec:
         return self.read_s(tokens) + self.copy_s(tokens)
 
 
-def store_spec(speculative: bool, *, namespace: str, gpus: int, capacity_bytes: float = L3_CAPACITY_BYTES,
-               host_bytes: float = HOST_TIER_BYTES, model: memory.ModelConfig = memory.QWEN35_122B,
+def store_spec(speculative: bool, *, namespace: str, gpus: int, capacity_bytes: float | None = None,
+               host_bytes: float | None = None, model: memory.ModelConfig = memory.QWEN35_122B,
                ) -> StoreSpec:
     """A server's store from the model's shapes (gateway.sim.memory): KV bytes a token a rank
     times the ranks (49,152 B plain, 53,248 B with MTP's draft layer at TP 4) and a Mamba state
-    a rank times the ranks (~154 MB at TP 4)."""
+    a rank times the ranks (~154 MB at TP 4); its host tier and L3 cap the deploy files' (the
+    host-memory table, :func:`gateway.sim.memory.hicache_host_memory`) unless given."""
     per_token = model.kv_bytes_per_token(gpus, draft=speculative) * gpus
     state = model.mamba_bytes_per_request(gpus) * gpus
+    deployed = memory.hicache_host_memory(model=model)["mtp" if speculative else "plain"]
+    if capacity_bytes is None:
+        capacity_bytes = deployed.l3_cap_gib * memory.GIB * deployed.ranks
+    if host_bytes is None:
+        host_bytes = deployed.host_tier_gib * memory.GIB
     return StoreSpec(namespace=namespace, page_format="mtp" if speculative else "plain", ranks=gpus,
                      bytes_per_token=per_token, mamba_state_bytes=state, capacity_bytes=capacity_bytes,
                      host_bytes=host_bytes)
