@@ -65,12 +65,12 @@ from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import ArrivalRecord, RequestRecord, summarise
 from gateway.bench.virtual import AcceptMonitor, UntilCounted, route, virtual_pool
 from gateway.bench.workloads import Job, Outcome, Workload
-from gateway.config import Role, Routing
+from gateway.config import Role, Routing, Turns
 from gateway.routing.backend import BackendState
 from gateway.routing.crossover import CrossoverEstimator
 from gateway.routing.policy import load_against_crossover
 from gateway.routing.pool import Ask, Lease, Pool
-from gateway.sim.hicache import DRAIN_BOUND_S, L3_WRITE_BYTES_PER_S, StoreSpec, store_spec
+from gateway.sim.hicache import L3_WRITE_BYTES_PER_S, StoreSpec, store_spec
 from gateway.sim.profile import Profile
 from gateway.sim.virtual import RequestLog, VirtualSim
 from gateway.turns.decision import (
@@ -100,7 +100,8 @@ class TurnModel:
     crossover: int | None = None  # in the load signal's unit; None: calibrated per workload
     first_holder: Role = "mtp"
     store: Literal["own", "shared", "none"] = "own"  # each server's HiCache L3 namespace
-    drain_bound_s: float = DRAIN_BOUND_S  # the outgoing server's L3 writes, before the pause
+    # the outgoing server's L3 writes before its pause: the live gateway's bound
+    drain_bound_s: float = Turns().keep_caches_within_s
     gpus: int = 4  # ranks a store's pages and Mamba states are split over
     l3_write_bytes_per_s: float = L3_WRITE_BYTES_PER_S  # a rank: how fast its store takes writes
 

@@ -20,7 +20,8 @@ What the source does (file:line under sglang/srt/, the 0.5.23 wheel; docs/compat
   the tree and the host tier are dropped (``unified_radix_cache.py:448-451``) and so are the
   writes not yet in L3 (``cache_controller.py:815-834``); **L3 survives** (nothing on that path
   clears it). A paused server makes no HiCache progress (``managers/scheduler.py:2034-2036``):
-  the turn waits, the outgoing server idle and unpaused, for :meth:`HiCache.drained_at`.
+  the turn waits, the outgoing server idle and unpaused, for :meth:`HiCache.drained_at`, bounded
+  as the live gateway bounds it (``turns.keep_caches_within_s``).
 - **A hit from L3** (``managers/scheduler.py:3480-3493``, prefetch policy ``wait_complete``,
   ``unified_radix_cache.py:2298-2301``): when at least :data:`PREFETCH_THRESHOLD_TOKENS` of a
   queued request's prompt beyond the device's match are stored, the request waits in the queue
@@ -81,10 +82,6 @@ L3_WRITE_BYTES_PER_S = 1.0e9
 # process's CPU time (one a rank). Charged as 1 % of each prefill step's time, an upper bound of
 # the copy's share with room for the scheduler's acks (urc:3651-3700), not measured.
 WRITE_THROUGH_PREFILL_OVERHEAD = 0.01
-# Before pausing the outgoing server the turn waits for its L3 writes (a paused server makes no
-# HiCache progress, scheduler.py:2034-2036), at most this long: a write still queued then is
-# lost at the release (cache_controller.py:815-834), its pages prefilled again next turn.
-DRAIN_BOUND_S = 5.0
 
 PageFormat = Literal["plain", "mtp"]
 
