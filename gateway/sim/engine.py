@@ -71,6 +71,7 @@ class _Seq:
     retracted: bool = False  # back in the queue after running: its next prefill re-computes it all
     loading: bool = False  # queued, waiting for its stored prefix to load (HiCache prefetch)
     stored: int = 0  # prompt tokens it starts from, loaded from the server's HiCache
+    reused: int = 0  # prompt tokens it started from at admission (device or store): not new
 
 
 @dataclass(eq=False)
@@ -218,8 +219,9 @@ class Engine:
         # draft is rejected, the accept length falls to 1.0 without an error (sglang #31674).
         self.drafts_broken = False
         # HiCache (gateway/sim/hicache.py), wired by the driver: called with every prompt the
-        # prefix cache inserts (write-through), and the share of time a prefill step pays for it.
-        self.on_insert: Callable[[Sequence[int]], None] | None = None
+        # prefix cache inserts and the tokens of it the request started from (the rest is the
+        # tree's new leaf: write-through), and the share of time a prefill step pays for it.
+        self.on_insert: Callable[[Sequence[int], int], None] | None = None
         self.prefill_overhead = 0.0
         self._loading = 0  # queued requests waiting for their stored prefix
         # rid -> prompt tokens the prefix cache gave it at its first admission, when kept
@@ -399,7 +401,8 @@ class Engine:
             # prompt: the retract frees the request's KV without inserting it in the radix tree
             # (managers/schedule_batch.py:2388-2389).
             total = len(prompt) + seq.generated
-            seq.uncached = total - min(self._cache.match(prompt), total - 1)
+            seq.reused = min(self._cache.match(prompt), total - 1)
+            seq.uncached = total - seq.reused
             self.stats.reprefill_tokens += seq.uncached
             self._prefilling.append(seq)
             return
@@ -408,6 +411,7 @@ class Engine:
         cached = min(max(device, seq.stored), len(prompt) - 1)
         self.stats.loaded_tokens += max(0, cached - device)
         seq.uncached = len(prompt) - cached
+        seq.reused = cached
         self.stats.prompt_tokens += len(prompt)
         self.stats.cached_tokens += cached
         if self.cached_by_rid is not None:
@@ -478,7 +482,7 @@ class Engine:
             # Prefill done: the forward pass that completes the prompt samples the first token.
             self._cache.insert(seq.request.prompt)
             if self.on_insert is not None:
-                self.on_insert(seq.request.prompt)
+                self.on_insert(seq.request.prompt, seq.reused)
             self._prefilling.remove(seq)
             self._running.append(seq)
             # A retracted request's prefill samples its next token, not its first.

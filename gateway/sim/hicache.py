@@ -227,18 +227,21 @@ class HiCache:
         self.loaded_tokens = 0  # prompt tokens requests started from instead of prefilling
         self.dropped_tokens = 0  # pages a release dropped before they reached L3
 
-    def written(self, prompt: Sequence[int], now: float) -> None:
-        """The engine inserted ``prompt``'s whole pages: back them up (write-through)."""
+    def written(self, prompt: Sequence[int], now: float, reused: int = 0) -> None:
+        """The engine inserted ``prompt``, of which the request started from ``reused``
+        tokens: the tree's new leaf, the pages past them, and its node's state are backed up
+        (write-through, unified_tree_core.py:1104-1122); pages already in L3 are refreshed, not
+        rewritten (hicache_storage.py:893-897). A page of the reused part is never written
+        again, even if L3 evicted it meanwhile."""
         keys = self._keys(prompt)
-        if not keys:
+        leaf = keys[reused // PAGE_TOKENS:]
+        if not leaf:
             return
         self.settle(now)
         self.host.put(keys, keys[-1])
-        new = [k for k in keys if (False, k) not in self.store.tier]
+        new = [k for k in leaf if (False, k) not in self.store.tier]
         state_key = keys[-1]
-        if not new and (True, state_key) in self.store.tier:
-            self.store.tier.touch(keys, state_key)  # hicache_storage.py:893-897: refreshed, not rewritten
-            return
+        self.store.tier.touch(leaf, state_key)
         per_rank = (len(new) * self.spec.page_bytes + self.spec.mamba_state_bytes) / self.spec.ranks
         done = max(now, self._writer_free_at) + per_rank / self.spec.l3_write_bytes_per_s
         self._writer_free_at = done

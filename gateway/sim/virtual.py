@@ -131,7 +131,7 @@ class VirtualSim:
     def _attach(self, name: str, spec: StoreSpec) -> None:
         engine = self.engines[name]
         cache = self.hicache[name] = HiCache(spec, self.stores.open(spec), engine.block_keys)
-        engine.on_insert = lambda prompt: cache.written(prompt, self.now)
+        engine.on_insert = lambda prompt, reused: cache.written(prompt, self.now, reused)
         engine.prefill_overhead = WRITE_THROUGH_PREFILL_OVERHEAD
 
     # --- scheduling ----------------------------------------------------------------------

@@ -183,3 +183,19 @@ def test_write_through_costs_each_prefill_step_a_named_share():
     first_with, _ = serve(with_store, "a")
     first_without, _ = serve(without, "a")
     assert first_with == pytest.approx(first_without * 1.01)
+
+
+def test_only_the_trees_new_leaf_is_written_so_an_evicted_prefix_stays_lost():
+    one = spec()
+    room = len(PROMPT) * one.bytes_per_token + one.mamba_state_bytes
+    engine_keys = VirtualSim(profiles()).engines["plain"].block_keys
+    cache = HiCache(spec(capacity_bytes=room), L3Store(spec(capacity_bytes=room)), engine_keys)
+    other = tuple(range(500_000, 500_000 + len(PROMPT)))
+    cache.written(PROMPT, 0.0)
+    cache.written(other, 10.0)  # evicts PROMPT's pages from L3
+    tail = PROMPT + tuple(range(900_000, 900_000 + 4 * PAGE_TOKENS))
+    cache.written(tail, 20.0, reused=len(PROMPT))  # the device still had PROMPT: only the tail is new
+    cache.release(100.0)  # the host tier goes: L3 alone remains
+    assert cache.stored(tail, 100.0)[0] == 0
+    cache.written(tail, 100.0, reused=0)  # prefilled whole again: every page is new to the tree
+    assert cache.stored(tail, 200.0)[0] == len(tail)
