@@ -104,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "again on its next turn (default, what a deployment should run); none = "
                           "no HiCache, every turn re-prefills; shared = one namespace for both, "
                           "refused: the plain server would load MTP's pages as its own")
+    sim.add_argument("--turns-store-gb", type=float, metavar="GB",
+                     help="each turns server's L3 cap, GB over all its ranks (default: the deploy "
+                          "files', python -m gateway.sim.memory)")
     sim.add_argument("--turns-crossover", type=int, metavar="N",
                      help="the load at which the turns hand the memory to plain (default: "
                           "calibrated on the workload: where plain alone overtakes MTP alone)")
@@ -263,9 +266,12 @@ def _targets(args: argparse.Namespace, pair: Any) -> list[Any]:
     names = list(dict.fromkeys([*(args.target or []), *(POLICY_TARGETS[p] for p in args.policy or [])]))
     names = names or list(default_targets(args.memory))
     costs = _turn_costs(args.turn_cost)
+    store_gb = args.turns_store_gb
     built = [build_targets(names, args.hardware, pair,
                            turn=TurnModel(cost_s=cost, crossover=args.turns_crossover,
-                                          store=args.turns_store)) for cost in costs]
+                                          store=args.turns_store,
+                                          l3_capacity_bytes=None if store_gb is None else store_gb * 1e9))
+             for cost in costs]
     targets = []
     for i, target in enumerate(built[0]):
         if target.turns is None:

@@ -104,6 +104,7 @@ class TurnModel:
     drain_bound_s: float = Turns().keep_caches_within_s
     gpus: int = 4  # ranks a store's pages and Mamba states are split over
     l3_write_bytes_per_s: float = L3_WRITE_BYTES_PER_S  # a rank: how fast its store takes writes
+    l3_capacity_bytes: float | None = None  # a server's L3 cap; None: the deploy files'
 
     def store_specs(self, profiles: Mapping[str, Profile]) -> dict[str, StoreSpec]:
         """Each server's store: ``own`` a namespace each, ``shared`` one for both."""
@@ -111,7 +112,8 @@ class TurnModel:
             return {}
         return {role: dataclasses.replace(
                     store_spec(profiles[role].speculative, gpus=self.gpus,
-                               namespace="pair" if self.store == "shared" else role),
+                               namespace="pair" if self.store == "shared" else role,
+                               capacity_bytes=self.l3_capacity_bytes),
                     l3_write_bytes_per_s=self.l3_write_bytes_per_s)
                 for role in ("mtp", "plain") if role in profiles}
 

@@ -31,7 +31,8 @@ def rows(path: str) -> list[str]:
             without_s = context * ms_per_1k / 1e6
             with_s = turn["prefill_s"] + turn["load_s"]
             lines.append(
-                f"| {result['target']} | {turn['start']:,.0f} s | to {turn['to']} | {turn['sessions']} "
+                f"| {Path(path).stem} ({result['target']}) | {turn['start']:,.0f} s | to {turn['to']} "
+                f"| {turn['sessions']} "
                 f"| {context:,} ({context / sessions:,.0f}) | {without_s:,.1f} ({without_s / sessions:.2f}) "
                 f"| {prefill:,} ({prefill / sessions:,.0f}) | {turn['load_s']:.2f} "
                 f"| {with_s:,.1f} ({with_s / sessions:.2f}) | {turn['drain_s']:.2f} "
@@ -40,7 +41,8 @@ def rows(path: str) -> list[str]:
 
 
 def main(paths: list[str]) -> None:
-    print("| target | turn at | to | sessions at work | without a store: tokens prefilled (per session) "
+    print("| run (target) | turn at | to | sessions at work "
+          "| without a store: tokens prefilled (per session) "
           "| seconds (per session) | with its own store: tokens prefilled (per session) | load s "
           "| seconds (per session) | drain s | writes dropped |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

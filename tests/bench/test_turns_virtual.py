@@ -203,10 +203,11 @@ class LongSessions(Workload):
             ids += tuple(range(base + len(ids), base + len(ids) + 256))
 
 
-def run_long_sessions(store, drain_bound_s=5.0, l3_write_bytes_per_s=1e9):
+def run_long_sessions(store, drain_bound_s=5.0, l3_write_bytes_per_s=1e9, l3_capacity_bytes=None):
     (target,) = build_targets(["pair-turns"], "h200",
                               turn=TurnModel(crossover=8, store=store, drain_bound_s=drain_bound_s,
-                                             l3_write_bytes_per_s=l3_write_bytes_per_s))
+                                             l3_write_bytes_per_s=l3_write_bytes_per_s,
+                                             l3_capacity_bytes=l3_capacity_bytes))
     phases = [Phase(2, 30.0), Phase(16, 20.0), Phase(2, 60.0)]
     return run_virtual(LongSessions(), ROUTING, target.profiles, phases=phases, turns=target.turns,
                        turns_routing=turns_routing(ROUTING, 8), log_requests=True)
@@ -248,3 +249,9 @@ def test_one_store_for_both_servers_is_refused_before_anything_runs(capsys):
                  "--no-progress"])
     assert code == 2
     assert "13 layers against 12" in capsys.readouterr().err
+
+
+def test_a_store_too_small_for_a_turns_writes_finds_nothing_on_the_turn_back():
+    # 1 GB: less than one Mamba state per session written meanwhile (154 MB each, a call every 2 s)
+    back = run_long_sessions("own", l3_capacity_bytes=1e9).turns[1]
+    assert back.to == "mtp" and back.prefill_tokens == back.context_tokens and back.load_s == 0
