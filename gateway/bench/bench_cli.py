@@ -98,12 +98,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="seconds a turn costs (pause + release + resume + continue; default "
                           "%(default)s, measured on an H200 with the host copy retained); several: "
                           "each turns target once per cost, named TARGET@Ss")
-    sim.add_argument("--turns-store", choices=("own", "none", "shared"), default="own",
+    sim.add_argument("--turns-store", choices=("own", "none", "shared"), default="none",
                      help="the turns pair's prefix caches across a turn (SGLang's HiCache, an L3 "
-                          "file store on the host): own = each server its own namespace, found "
-                          "again on its next turn (default, what a deployment should run); none = "
-                          "no HiCache, every turn re-prefills; shared = one namespace for both, "
-                          "refused: the plain server would load MTP's pages as its own")
+                          "file store on the host): none = no HiCache, every turn re-prefills "
+                          "(default, as the deploy files run: the stores bought nothing on agent "
+                          "days, lab/results/turns-store/turns.md); own = each server its own "
+                          "namespace, found again on its next turn; shared = one namespace for "
+                          "both, refused: the plain server would load MTP's pages as its own")
     sim.add_argument("--turns-store-gb", type=float, metavar="GB",
                      help="each turns server's L3 cap, GB over all its ranks (default: the deploy "
                           "files', python -m gateway.sim.memory)")

@@ -99,7 +99,9 @@ class TurnModel:
     finish_bound_s: float = FINISH_BOUND_S
     crossover: int | None = None  # in the load signal's unit; None: calibrated per workload
     first_holder: Role = "mtp"
-    store: Literal["own", "shared", "none"] = "own"  # each server's HiCache L3 namespace
+    # each server's HiCache L3 namespace; none by default, as the deploy files run: on agent
+    # days it bought nothing (lab/results/turns-store/turns.md)
+    store: Literal["own", "shared", "none"] = "none"
     # the outgoing server's L3 writes before its pause: the live gateway's bound
     drain_bound_s: float = Turns().keep_caches_within_s
     gpus: int = 4  # ranks a store's pages and Mamba states are split over
