@@ -162,9 +162,34 @@ def _resolve(node: Any) -> Any:
     return node
 
 
-def load_compose(name: str) -> dict[str, Any]:
-    with open(DOCKER / name, encoding="utf-8") as f:
-        return _resolve(yaml.safe_load(f))
+def load_compose(name: str, *overrides: str) -> dict[str, Any]:
+    """A compose file with its defaults, and the override files after it merged in, as
+    `docker compose -f NAME -f OVERRIDE ...` merges them."""
+    merged: dict[str, Any] = {}
+    for file in (name, *overrides):
+        with open(DOCKER / file, encoding="utf-8") as f:
+            merged = merge_compose(merged, _resolve(yaml.safe_load(f)))
+    return merged
+
+
+# The compose specification's merge (reference/compose-file/merge): mappings merge key by key,
+# sequences append, but these replace, and a service's volumes are unique by their target (a
+# later one with the same target replaces the earlier).
+_REPLACED = {("command",), ("entrypoint",), ("healthcheck", "test")}
+_UNIQUE_BY = {"volumes": lambda v: v["target"] if isinstance(v, dict) else v.split(":")[1]}
+
+
+def merge_compose(base: Any, override: Any, path: tuple[str, ...] = ()) -> Any:
+    if isinstance(base, dict) and isinstance(override, dict):
+        return {**base, **{k: merge_compose(base[k], v, (*path, k)) if k in base else v
+                           for k, v in override.items()}}
+    if isinstance(base, list) and isinstance(override, list) and not _REPLACED & {path[-1:], path[-2:]}:
+        if path and path[-1] in _UNIQUE_BY:
+            key = _UNIQUE_BY[path[-1]]
+            replaced = {key(v) for v in override}
+            return [v for v in base if key(v) not in replaced] + override
+        return base + override
+    return override
 
 
 def _flag_list() -> set[str]:
@@ -604,12 +629,35 @@ def compose_turns() -> dict[str, Any]:
     return load_compose("compose.turns.yaml")
 
 
+# The opt-in override: each server's own prefix store (docs/compat.md, "Keeping the prefix caches
+# across a turn").
+STORE_OVERRIDE = "compose.turns-store.yaml"
+PREFIX_STORE = {"--enable-hierarchical-cache", "--hicache-write-policy", "--hicache-storage-backend",
+                "--hicache-storage-prefetch-policy", "--page-size", "--hicache-size",
+                "--hicache-storage-backend-extra-config"}
+
+
+@pytest.fixture(scope="module")
+def compose_turns_store() -> dict[str, Any]:
+    return load_compose("compose.turns.yaml", STORE_OVERRIDE)
+
+
+@pytest.fixture(scope="module", params=["compose.turns.yaml", f"compose.turns.yaml + {STORE_OVERRIDE}"])
+def turns_stack(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The turns stack as it can be started: without the stores, or with the override."""
+    return load_compose(*request.param.split(" + "))
+
+
+def _hicache_flags(flags: dict[str, str | None]) -> set[str]:
+    return {f for f in flags if f in PREFIX_STORE or "hicache" in f or "hierarchical" in f}
+
+
 @pytest.mark.parametrize("role", ["mtp", "plain"])
-def test_turns_servers_use_the_pinned_releases_flags(compose_turns, compose, role):
-    flags = _sglang_flags(compose_turns, role)
+def test_turns_servers_use_the_pinned_releases_flags(turns_stack, compose, role):
+    flags = _sglang_flags(turns_stack, role)
     unknown = set(flags) - _flag_list()
     assert not unknown, f"not flags of SGLang {SGLANG_RELEASE}: {unknown}"
-    assert compose_turns["services"][SGLANG_SERVICES[role]]["image"] == f"lmsysorg/sglang:v{SGLANG_RELEASE}"
+    assert turns_stack["services"][SGLANG_SERVICES[role]]["image"] == f"lmsysorg/sglang:v{SGLANG_RELEASE}"
     # the same server as in the split shape, plus the memory saver's flags and another fraction
     split = _sglang_flags(compose, role)
     saver = {"--enable-memory-saver", "--enable-weights-cpu-backup", "--cuda-graph-backend-prefill",
@@ -618,19 +666,38 @@ def test_turns_servers_use_the_pinned_releases_flags(compose_turns, compose, rol
         k: v for k, v in split.items() if k != "--mem-fraction-static"}
 
 
-# Each turns server's own prefix store (docs/compat.md, "Keeping the prefix caches across a turn").
-PREFIX_STORE = {"--enable-hierarchical-cache", "--hicache-write-policy", "--hicache-storage-backend",
-                "--hicache-storage-prefetch-policy", "--page-size", "--hicache-size",
-                "--hicache-storage-backend-extra-config"}
+@pytest.mark.parametrize("role", ["mtp", "plain"])
+def test_turns_servers_run_without_hicache_by_default(compose_turns, role):
+    """The default turns stack is the one the README's verdict was measured with: no store."""
+    svc = compose_turns["services"][SGLANG_SERVICES[role]]
+    assert not _hicache_flags(_sglang_flags(compose_turns, role))
+    assert not [v for v in svc["volumes"] if isinstance(v, dict) and v["type"] == "tmpfs"]
+    assert not [k for k in svc["environment"] if "HICACHE" in k]
 
 
 @pytest.mark.parametrize("role", ["mtp", "plain"])
-def test_turns_servers_keep_their_own_prefix_store_sized_by_the_generator(compose_turns, role):
+def test_turns_store_override_adds_only_the_store_to_each_server(compose_turns, compose_turns_store, role):
+    base = compose_turns["services"][SGLANG_SERVICES[role]]
+    svc = compose_turns_store["services"][SGLANG_SERVICES[role]]
+    # compose replaces a command: the override's is the base's, flag for flag, then the store's
+    command = svc["command"]
+    assert command[:len(base["command"])] == base["command"]
+    assert set(_flags(command[len(base["command"]):])) == PREFIX_STORE
+    assert set(_flags(command)) <= _flag_list()
+    # everything else is the base's, but one volume more: its store's
+    assert {k: v for k, v in svc.items() if k not in ("command", "volumes")} == {
+        k: v for k, v in base.items() if k not in ("command", "volumes")}
+    assert svc["volumes"][:len(base["volumes"])] == base["volumes"]
+    assert len(svc["volumes"]) == len(base["volumes"]) + 1
+
+
+@pytest.mark.parametrize("role", ["mtp", "plain"])
+def test_turns_store_servers_keep_their_own_prefix_store_sized_by_the_generator(compose_turns_store, role):
     from gateway.sim import memory
 
     host = memory.hicache_host_memory()[role]
-    svc = compose_turns["services"][SGLANG_SERVICES[role]]
-    flags = _sglang_flags(compose_turns, role)
+    svc = compose_turns_store["services"][SGLANG_SERVICES[role]]
+    flags = _sglang_flags(compose_turns_store, role)
     assert PREFIX_STORE <= set(flags) <= _flag_list()
     assert flags["--enable-hierarchical-cache"] is None
     # pages in the store before a release; a partial load is worth nothing on a Mamba hybrid
@@ -647,18 +714,30 @@ def test_turns_servers_keep_their_own_prefix_store_sized_by_the_generator(compos
     assert "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR" not in svc["environment"]
 
 
-def test_turns_servers_never_share_a_prefix_store(compose_turns):
-    flags = {role: _sglang_flags(compose_turns, role) for role in SGLANG_SERVICES}
+def test_turns_store_servers_never_share_a_prefix_store(compose_turns_store):
+    flags = {role: _sglang_flags(compose_turns_store, role) for role in SGLANG_SERVICES}
     paths = {json.loads(f["--hicache-storage-backend-extra-config"] or "")["file_storage_path"]
              for f in flags.values()}
     assert len(paths) == 2  # plain would read MTP's pages (13 layers) as its own KV (12)
+    tmpfs = {v["target"] for service in SGLANG_SERVICES.values()
+             for v in compose_turns_store["services"][service]["volumes"] if isinstance(v, dict)}
+    assert tmpfs == paths  # each directory on a tmpfs of its own
     assert len({f["--page-size"] for f in flags.values()}) == 1
 
 
+def test_turns_gateway_counts_the_stores_only_where_both_servers_keep_one(turns_stack, monkeypatch):
+    """turns.kv_store charges a turn what the incoming server's store lacks: set exactly when both
+    servers run HiCache with a store each (config.yaml)."""
+    settings = _gateway_settings(monkeypatch, turns_stack["services"]["gateway"]["environment"])
+    stores = [_hicache_flags(_sglang_flags(turns_stack, role)) for role in SGLANG_SERVICES]
+    assert stores[0] == stores[1]
+    assert settings.turns.kv_store is (stores[0] == PREFIX_STORE)
+
+
 @pytest.mark.parametrize("role", ["mtp", "plain"])
-def test_turns_servers_have_the_memory_savers_flags_and_environment(compose_turns, role):
-    svc = compose_turns["services"][SGLANG_SERVICES[role]]
-    flags = _sglang_flags(compose_turns, role)
+def test_turns_servers_have_the_memory_savers_flags_and_environment(turns_stack, role):
+    svc = turns_stack["services"][SGLANG_SERVICES[role]]
+    flags = _sglang_flags(turns_stack, role)
     assert "--enable-memory-saver" in flags and flags["--enable-memory-saver"] is None
     # target and draft weights come back from a host copy (load_model_utils.py:307-309)
     assert "--enable-weights-cpu-backup" in flags and flags["--enable-weights-cpu-backup"] is None
@@ -674,17 +753,17 @@ def test_turns_servers_have_the_memory_savers_flags_and_environment(compose_turn
 
 
 @pytest.mark.parametrize("role", ["mtp", "plain"])
-def test_turns_healthchecks_use_ping(compose_turns, role):
-    svc = compose_turns["services"][SGLANG_SERVICES[role]]
-    port = _sglang_flags(compose_turns, role)["--port"]
+def test_turns_healthchecks_use_ping(turns_stack, role):
+    svc = turns_stack["services"][SGLANG_SERVICES[role]]
+    port = _sglang_flags(turns_stack, role)["--port"]
     urls = re.findall(r"http://[^'\" ]+", " ".join(svc["healthcheck"]["test"]))
     # /ready is 503 while parked and /health marks a paused server unhealthy after 20 s
     assert urls == [f"http://127.0.0.1:{port}/ping"]
     assert _duration_s(svc["healthcheck"]["start_period"]) >= 600
 
 
-def test_turns_start_order_parks_the_first_before_the_second_starts(compose_turns):
-    services = compose_turns["services"]
+def test_turns_start_order_parks_the_first_before_the_second_starts(turns_stack):
+    services = turns_stack["services"]
     first, second = (SGLANG_SERVICES[r] for r in TURNS_ORDER)
     assert "depends_on" not in services[first]
     park = services["turns-park"]
@@ -693,7 +772,7 @@ def test_turns_start_order_parks_the_first_before_the_second_starts(compose_turn
     assert park["build"] == services["gateway"]["build"]  # the module is in the gateway's image
     entry = park["command"]
     assert entry[:3] == ["python", "-m", "gateway.deploy.park"]
-    ports = {r: _sglang_flags(compose_turns, r)["--port"] for r in TURNS_ORDER}
+    ports = {r: _sglang_flags(turns_stack, r)["--port"] for r in TURNS_ORDER}
     assert _hostport(entry[entry.index("--server") + 1]) == f"{first}:{ports[TURNS_ORDER[0]]}"
     assert _hostport(entry[entry.index("--other") + 1]) == f"{second}:{ports[TURNS_ORDER[1]]}"
     assert park["environment"]["SGLANG_ADMIN_KEY"] == "<SGLANG_ADMIN_KEY>"
@@ -703,7 +782,7 @@ def test_turns_start_order_parks_the_first_before_the_second_starts(compose_turn
                        "turns-park": "service_completed_successfully"}
 
 
-def test_turns_fractions_are_the_sizing_codes_and_safe(compose_turns):
+def test_turns_fractions_are_the_sizing_codes_and_safe(turns_stack):
     from gateway.sim import memory
 
     text = (DOCKER / "compose.turns.yaml").read_text()
@@ -714,17 +793,17 @@ def test_turns_fractions_are_the_sizing_codes_and_safe(compose_turns):
         turns = memory.size_turns(hw, defaults)  # raises on fractions a resume would not fit
         assert turns.first == TURNS_ORDER[0] and min(turns.resume_margin_gib.values()) > 0
     for role, variable in (("mtp", "MEM_FRACTION_MTP"), ("plain", "MEM_FRACTION_PLAIN")):
-        fraction = _sglang_flags(compose_turns, role)["--mem-fraction-static"]
+        fraction = _sglang_flags(turns_stack, role)["--mem-fraction-static"]
         assert float(fraction) == defaults[("mtp", "plain").index(role)], variable
 
 
-def test_turns_gateway_drives_the_pair_with_the_servers_admin_key(compose_turns, monkeypatch):
-    svc = compose_turns["services"]["gateway"]
+def test_turns_gateway_drives_the_pair_with_the_servers_admin_key(turns_stack, monkeypatch):
+    svc = turns_stack["services"]["gateway"]
     _check_gateway_service(svc)
     env = svc["environment"]
     settings = _gateway_settings(monkeypatch, env)
     for role, service in SGLANG_SERVICES.items():
-        flags = _sglang_flags(compose_turns, role)
+        flags = _sglang_flags(turns_stack, role)
         backend = settings.backends.get(role)
         assert _hostport(backend.url) == f"{service}:{flags['--port']}"
         assert backend.admin_api_key == flags["--admin-api-key"]
@@ -740,7 +819,8 @@ def test_turns_gateway_drives_the_pair_with_the_servers_admin_key(compose_turns,
     assert settings.turns.state_file == state
 
 
-@pytest.mark.parametrize("name, shape", [("compose.yaml", "split"), ("compose.turns.yaml", "turns")])
+@pytest.mark.parametrize("name, shape", [("compose.yaml", "split"), ("compose.turns.yaml", "turns"),
+                                         (STORE_OVERRIDE, "turns-store")])
 def test_compose_sizing_comments_are_the_generated_ones(name, shape):
     from gateway.sim import memory
 
@@ -809,11 +889,6 @@ def test_readme_turns_without_docker_matches_compose_turns(compose_turns):
         compose_flags = _sglang_flags(compose_turns, role)
         assert set(flags) == set(compose_flags), role  # the same flags as compose.turns.yaml
         assert flags["--mem-fraction-static"] == compose_flags["--mem-fraction-static"], role
-        assert flags["--hicache-size"] == compose_flags["--hicache-size"], role
-        store = json.loads((flags["--hicache-storage-backend-extra-config"] or "").strip("'"))
-        assert store["max_size"] == json.loads(compose_flags["--hicache-storage-backend-extra-config"]
-                                               or "")["max_size"], role
-        assert store["file_storage_path"].endswith(f"hicache-{role}"), role  # its own directory
     env = compose_turns["services"]["sglang-plain"]["environment"]
     for name in ("SGLANG_MEMORY_SAVER_CUDA_GRAPH", "TMS_RETAIN_CPU_BACKUP", "PYTORCH_CUDA_ALLOC_CONF"):
         assert f"{name}={env[name]}" in text.split("\n")[1], name
