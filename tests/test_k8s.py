@@ -12,8 +12,11 @@
   compose's order, and the routers' arguments parse with sglang-router's own parser.
 - The vLLM overlay (vllm-pair): docker/compose.vllm.yaml's servers, flags in vLLM 0.33.0's list,
   the same start order and GPU sharing as the SGLang pair.
-- The turns overlay (pair-turns): docker/compose.turns.yaml's servers and order, the one gateway
-  beside each pair driving its turns, probes on /ping only, the fractions safe, host memory.
+- The turns overlays: pair-turns is docker/compose.turns.yaml's servers (no HiCache) and
+  pair-turns-store, on top of it, the same with docker/compose.turns-store.yaml's opt-in store
+  each; for both, the start order, the one gateway beside each pair driving its turns, probes on
+  /ping only, the fractions safe, the host memory each server requests, and the gateway counting
+  the stores exactly where both servers keep one.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ from tests.conftest import live_gateway
 from tests.live import serve_app
 from tests.test_deploy import (
     GATEWAY_CONFIG_TARGET,
+    PREFIX_STORE,
     SGLANG_ENTRYPOINT,
     SGLANG_SERVICES,
+    STORE_OVERRIDE,
     VLLM_SERVICES,
     _dockerfile_instructions,
     _duration_s,
@@ -57,7 +62,7 @@ K8S = ROOT / "deploy" / "k8s"
 # The oldest Kubernetes each overlay needs: native sidecars are GA in 1.33 (the PDB's
 # unhealthyPodEvictionPolicy in 1.31); DRA's resource.k8s.io/v1 in 1.34.
 KUBERNETES = {"pair": "1.33", "pools": "1.33", "pair-dra": "1.34", "pair-turns": "1.33",
-              "vllm-pair": "1.33"}
+              "pair-turns-store": "1.33", "vllm-pair": "1.33"}
 OVERLAYS = ["pair", "pools", "pair-dra"]  # the split shape; pair-turns has its own tests below
 NAMESPACE = "mtp-gateway"
 ABORT_WAIT_S = 2.0  # gateway/app.py lifespan: how long the shutdown waits for aborts in flight
@@ -475,14 +480,24 @@ def test_sglang_metrics_jobs_are_the_dashboards(docs) -> None:
 ADMIN_SECRET = "<SGLANG_ADMIN_KEY>"  # what tests/test_deploy.py's interpolation makes of compose's
 
 
-@pytest.fixture(scope="module")
-def turns() -> list[dict[str, Any]]:
-    return render("pair-turns")
+# Each turns overlay and the compose files it is, flag for flag.
+TURNS_OVERLAYS = {"pair-turns": ("compose.turns.yaml",),
+                  "pair-turns-store": ("compose.turns.yaml", STORE_OVERRIDE)}
+
+
+@pytest.fixture(scope="module", params=list(TURNS_OVERLAYS))
+def turns_overlay(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def compose_turns() -> dict[str, Any]:
-    return load_compose("compose.turns.yaml")
+def turns(turns_overlay: str) -> list[dict[str, Any]]:
+    return render(turns_overlay)
+
+
+@pytest.fixture(scope="module")
+def compose_turns(turns_overlay: str) -> dict[str, Any]:
+    return load_compose(*TURNS_OVERLAYS[turns_overlay])
 
 
 def env_with_secrets(docs: list[dict[str, Any]], c: dict[str, Any]) -> dict[str, str]:
@@ -495,10 +510,10 @@ def env_with_secrets(docs: list[dict[str, Any]], c: dict[str, Any]) -> dict[str,
     return env
 
 
-def test_turns_documents_validate_and_land_in_one_namespace(turns) -> None:
+def test_turns_documents_validate_and_land_in_one_namespace(turns_overlay, turns) -> None:
     for doc in turns:
         try:
-            validate(doc, KUBERNETES["pair-turns"])
+            validate(doc, KUBERNETES[turns_overlay])
         except (jsonschema.ValidationError, kubernetes_validate.ValidationError) as exc:
             pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message} at "
                         f"{'/'.join(map(str, exc.absolute_path))}")
@@ -561,6 +576,10 @@ def test_turns_gateway_beside_the_pair_is_the_only_driver(turns, tmp_path, monke
         assert backend.admin_api_key == admin
     (pair_of_gateway,) = settings.fleet()
     assert settings.memory_of(pair_of_gateway) == "turns"
+    # a turn is charged what the incoming server's store lacks only where both keep a store
+    stores = [PREFIX_STORE & set(_flags(container(pod["spec"], SGLANG_SERVICES[role])["args"]))
+              for role in ("mtp", "plain")]
+    assert stores[0] == stores[1] and settings.turns.kv_store is (stores[0] == PREFIX_STORE)
     mounts = {m["mountPath"]: m["name"] for m in gw["volumeMounts"]}
     state_dir = str(Path(settings.turns.state_file).parent)
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
@@ -603,15 +622,38 @@ def test_turns_gpus_fractions_and_host_memory(turns, compose_turns) -> None:
     for role, server in (("plain", plain), ("mtp", mtp)):
         retained = (memory.size_server_weights_gib(role, hardware) + memory.CUDA_GRAPHS_GIB) * tp
         assert host[role].retained_gib >= retained
-        # its host copy, its HiCache host tier and its L3 store (an emptyDir in RAM, counted in
-        # the pod's memory): the host memory table's total
+        stores = [m for m in server["volumeMounts"] if m["mountPath"] == memory.hicache_directory(role)]
+        # its host copy, and with its store its HiCache host tier and its L3 store (an emptyDir in
+        # RAM, counted in the pod's memory): the host memory table's row
+        needed = host[role].total_gib if stores else retained
         request = server["resources"]["requests"]["memory"]
-        assert request.endswith("Gi") and float(request[:-2]) >= host[role].total_gib, (role, host[role])
-        (store,) = [m for m in server["volumeMounts"] if m["mountPath"] == memory.hicache_directory(role)]
-        assert volumes[store["name"]]["emptyDir"] == {"medium": "Memory",
-                                                      "sizeLimit": f"{host[role].tmpfs_gib}Gi"}
-    assert len({m["name"] for s in (plain, mtp) for m in s["volumeMounts"]
-                if m["mountPath"].startswith("/hicache")}) == 2  # never one store for both
+        assert request.endswith("Gi") and float(request[:-2]) >= needed, (role, needed)
+        for store in stores:
+            assert volumes[store["name"]]["emptyDir"] == {"medium": "Memory",
+                                                          "sizeLimit": f"{host[role].tmpfs_gib}Gi"}
+    mounts = [m for s in (plain, mtp) for m in s["volumeMounts"] if m["mountPath"].startswith("/hicache")]
+    assert len({m["name"] for m in mounts}) == len(mounts)  # never one store for both
+
+
+def test_turns_overlay_runs_without_hicache_and_the_store_overlay_adds_only_the_store() -> None:
+    from gateway.sim import memory
+
+    base, store = (pair_pod(render(overlay)) for overlay in TURNS_OVERLAYS)
+    for role in ("plain", "mtp"):
+        without, with_store = (container(pod, SGLANG_SERVICES[role]) for pod in (base, store))
+        assert not [a for a in without["args"] if "hicache" in a or "hierarchical" in a]
+        assert with_store["args"][:len(without["args"])] == without["args"]
+        assert set(_flags(with_store["args"][len(without["args"]):])) == PREFIX_STORE
+        assert sorted(m["mountPath"] for m in with_store["volumeMounts"]) == sorted(
+            [m["mountPath"] for m in without["volumeMounts"]] + [memory.hicache_directory(role)])
+    # the rest of the pod is pair-turns', in its order
+    assert [c["name"] for c in all_containers(store)] == [c["name"] for c in all_containers(base)]
+    assert container(store, "turns-park") == container(base, "turns-park")
+    # what it costs, said at its top, is the generator's
+    ratio = sum(m.total_gib for m in memory.hicache_host_memory().values()) / memory.turns_host_gib(
+        memory.HARDWARE[memory.DEFAULT_HARDWARE])
+    header = (K8S / "overlays" / "pair-turns-store" / "kustomization.yaml").read_text()
+    assert f"{ratio:.1f}x the host memory" in header
 
 
 # ---------------------------------------------------------------------------------------------
