@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """A bounded soak of mtp-gateway: C concurrent clients, backend faults, client disconnects.
 
-    python lab/scripts/soak.py --minutes 3
+    python lab/scripts/soak.py --minutes 3                    # the split pair
+    python lab/scripts/soak.py --memory turns --minutes 10    # the pair taking turns
 
 Loopback only. The simulated SGLang pair runs in this process; the gateway is a real
 `python -m gateway serve` subprocess (its own event loop, its own RSS). For the whole run,
@@ -16,6 +17,15 @@ the load has stopped (read from /admin/state: it must be 0), what the backends s
 gateway's RSS after start-up, after the warm-up and at the end, and the exit code on SIGTERM.
 Exit status 0 when: no stream ended without [DONE], no torn event, no client-side transport
 error, in-flight drift 0, RSS growth after warm-up < 10 %, exit code 0.
+
+`--memory turns` runs the pair in SGLang's turns shape (the simulated servers with the memory
+saver, as `mtp-gateway demo --memory turns` starts them; the gateway with `memory: turns`). The
+load crosses the crossover twice a minute, so the memory is handed over each way about once a
+minute; besides the faults above, every other turn meets a turn fault on its incoming server
+(`TURN_FAULTS`). It checks too that every turn completed or failed safely: never both servers
+holding their weights or KV cache at once (the simulated device's ledger, watched at every
+change), no server killed or hung by the memory saver, every turn begun ending in an outcome on
+/metrics, the pair holding at the end, and the journal saying so.
 """
 
 from __future__ import annotations
@@ -32,8 +42,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -42,10 +54,12 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.sim import server as sim_server  # noqa: E402
 from gateway.sim.faults import Faults  # noqa: E402
-from gateway.sim.server import SimOptions, start_sim_pair  # noqa: E402
+from gateway.sim.saver import KV_CACHE, WEIGHTS  # noqa: E402
+from gateway.sim.server import SimOptions, SimPair, start_sim_pair  # noqa: E402
 from gateway.sim.speed import add_speed_argument  # noqa: E402
 
 MODEL = "Qwen/Qwen3.5-122B-A10B"
+State = Callable[[], Awaitable[dict[str, Any]]]  # the gateway's /admin/state
 MAX_MINUTES = 10.0
 
 FAULTS: list[tuple[str, Faults]] = [
@@ -56,6 +70,25 @@ FAULTS: list[tuple[str, Faults]] = [
     ("slow_factor=8", Faults(slow_factor=8.0)),
     ("refuse_connections", Faults(refuse_connections=True)),
 ]
+REFUSE = "refuse_connections"
+
+# The turns pair: a fixed crossover (not learned), so that the load's swing crosses it: MTP at
+# C <= crossover - hysteresis, plain at C >= crossover.
+TURNS_ROUTING = {"crossover": 24, "hysteresis": 6, "adaptive_crossover": False,
+                 "adapt_to_accept_length": False}
+# Faults on the incoming server, set as a turn begins and held for --fault-hold-s. The first
+# takes the incoming server down before its resume (its resume is refused: the outgoing one
+# resumes back; restarted, paused, it may take the memory again); the others meet the streams
+# moved and continued onto it at the turn.
+TURN_FAULTS: list[tuple[str, Faults]] = [
+    ("incoming down before its resume", Faults(refuse_connections=True)),
+    ("incoming crash_after_chunks=3", Faults(crash_after_chunks=3)),
+    ("incoming error_after_chunks=3", Faults(error_after_chunks=3)),
+    ("incoming hang_before_first_byte", Faults(hang_before_first_byte=True)),
+]
+# Steps of a turn before the source's release: the incoming server holds nothing and no resume
+# can have been sent to it yet.
+BEFORE_RELEASE = ("stop_admitting", "move_unstarted", "running_streams", "pause")
 
 
 def free_port() -> int:
@@ -79,6 +112,13 @@ class Tally:
     active: int = 0  # workers allowed to send right now (the load swings, see `swing`)
     rss: list[str] = field(default_factory=list)  # the gateway's RSS every 30 s
     latest_error: dict[str, str] = field(default_factory=dict)
+    fault_active: bool = False  # one fault at a time, a backend's or a turn's
+    turn_faults: list[str] = field(default_factory=list)
+    # The turns pair as /admin/state showed it every 0.1 s: seconds without a server admitting
+    # (a turn or a settling), the longest such stretch, and the phases seen.
+    not_admitting_s: float = 0.0
+    longest_not_admitting_s: float = 0.0
+    phases: Counter[str] = field(default_factory=Counter)
 
     def add(self, outcome: str, detail: str = "") -> None:
         self.outcomes[outcome] += 1
@@ -107,7 +147,9 @@ def classify_stream(raw: bytes) -> str:
 
 
 async def worker(index: int, session: aiohttp.ClientSession, url: str, stop_at: float,
-                 tally: Tally, rng: random.Random) -> None:
+                 tally: Tally, rng: random.Random, own_session: bool) -> None:
+    """`own_session`: the worker is one agent session (x-session-id w<index>), so that the
+    sessions at work follow the load's swing; else each request names one of 200 at random."""
     while time.monotonic() < stop_at:
         if index >= tally.active:
             await asyncio.sleep(0.1)
@@ -121,8 +163,8 @@ async def worker(index: int, session: aiohttp.ClientSession, url: str, stop_at: 
             body["ignore_eos"] = True
         tally.requests[kind] += 1
         try:
-            async with session.post(url, json=body,
-                                    headers={"x-session-id": f"s{rng.randint(0, 200)}"}) as response:
+            session_id = f"w{index}" if own_session else f"s{rng.randint(0, 200)}"
+            async with session.post(url, json=body, headers={"x-session-id": session_id}) as response:
                 if response.status != 200:
                     text = await response.text()
                     try:
@@ -130,6 +172,8 @@ async def worker(index: int, session: aiohttp.ClientSession, url: str, stop_at: 
                     except (ValueError, KeyError, TypeError):
                         code = "not OpenAI-shaped"
                     tally.add(f"http {response.status} {code}", text)
+                    if response.status in (429, 503):  # as the SDKs do: wait, then again
+                        await asyncio.sleep(float(response.headers.get("retry-after", 1)))
                     continue
                 if kind == "non_stream":
                     data = await response.json()
@@ -151,18 +195,62 @@ async def worker(index: int, session: aiohttp.ClientSession, url: str, stop_at: 
             tally.add(f"client transport error {type(exc).__name__}", repr(exc))
 
 
-async def swing(tally: Tally, concurrency: int, stop_at: float) -> None:
-    """C for 25 s, C/4 for 15 s, again: the crossover router moves between plain and MTP, so
-    faults on either backend meet traffic (at a steady C=64 the MTP server would sit idle)."""
+@dataclass(frozen=True)
+class Swing:
+    """The load's swing: C for `high_s`, C / `low_divisor` for `low_s`, again."""
+
+    high_s: float
+    low_s: float
+    low_divisor: int
+
+    def low(self, concurrency: int) -> int:
+        return max(1, concurrency // self.low_divisor)
+
+
+# split: the crossover router moves between plain and MTP, so faults on either backend meet
+# traffic (at a steady C=64 the MTP server would sit idle). turns: 64 and 8 on either side of
+# TURNS_ROUTING's crossover and band, 30 s each: a turn each way about every minute.
+SWINGS = {"split": Swing(25.0, 15.0, 4), "turns": Swing(30.0, 30.0, 8)}
+
+
+async def swing(tally: Tally, concurrency: int, stop_at: float, shape: Swing) -> None:
     while time.monotonic() < stop_at:
         tally.active = concurrency
-        await asyncio.sleep(25)
-        tally.active = max(1, concurrency // 4)
-        await asyncio.sleep(15)
+        await asyncio.sleep(shape.high_s)
+        tally.active = shape.low(concurrency)
+        await asyncio.sleep(shape.low_s)
 
 
-async def fault_toggler(pair: sim_server.SimPair, stop_at: float, every_s: float, hold_s: float,
-                        tally: Tally, rng: random.Random, started: float, state) -> None:  # type: ignore[no-untyped-def]
+def holds_nothing(pair: SimPair, name: str) -> bool:
+    """Turns: `name` is released and no resume of it can be on its way (the other server has
+    begun no release). Taking it down then is what a crash of a paused server is; taking down
+    a server that holds memory is not modelled (the simulator's refusal keeps its memory on
+    the device's ledger, where a real crash gives it back)."""
+    other = next(s for n, s in pair.servers.items() if n != name)
+    return bool(pair.servers[name].saver.state.released) and not other.saver.state.released
+
+
+class Overlap:
+    """Watches the shared device's ledger at every change: the most servers holding their
+    weights or KV cache at once (a turn must never let that be 2)."""
+
+    def __init__(self, pair: SimPair) -> None:
+        self.device = pair.servers["mtp"].saver.device
+        self.most = 0
+        hold = self.device.hold
+
+        def watched(owner: str, part: str, gib: float) -> None:
+            hold(owner, part, gib)
+            holders = {o for o, parts in self.device.held_gib.items()
+                       if parts.get(WEIGHTS, 0) > 0 or parts.get(KV_CACHE, 0) > 0}
+            self.most = max(self.most, len(holders))
+
+        self.device.hold = watched  # type: ignore[method-assign]
+
+
+async def fault_toggler(pair: SimPair, stop_at: float, every_s: float, hold_s: float,
+                        tally: Tally, rng: random.Random, started: float, state: State,
+                        turns: bool) -> None:
     while True:
         await asyncio.sleep(max(0.0, every_s - hold_s))
         if time.monotonic() + hold_s > stop_at:
@@ -172,12 +260,74 @@ async def fault_toggler(pair: sim_server.SimPair, stop_at: float, every_s: float
         inflight = {n: b["inflight"] for n, b in (await state())["backends"].items()}
         busiest = max(inflight, key=inflight.__getitem__)
         backend = busiest if rng.random() < 0.75 else rng.choice(["mtp", "plain"])
-        tally.faults.append(f"t={time.monotonic() - started:6.1f}s  {backend:5s} {name}")
-        await pair.servers[backend].set_faults(faults)
+        if turns and name == REFUSE:  # only a server that holds nothing goes down
+            idle = [n for n in pair.servers if holds_nothing(pair, n)]
+            if not idle:  # a turn is under way: another fault
+                name, faults = rng.choice([f for f in FAULTS if f[0] != REFUSE])
+            else:
+                backend = idle[0]
+        if tally.fault_active:  # a turn's fault holds: skip this one
+            continue
+        held = await hold_fault(pair.servers[backend], faults, hold_s, tally, tally.faults,
+                                f"t={time.monotonic() - started:6.1f}s  {backend:5s} {name}")
+        await held
+
+
+async def hold_fault(server: sim_server.SimServer, faults: Faults, hold_s: float, tally: Tally,
+                     log: list[str], line: str) -> asyncio.Task[None]:
+    """Set `faults` now (a refusal takes effect before the first suspension, so a check made
+    just before still holds) and clear them after `hold_s` (the task returned)."""
+    tally.fault_active = True
+    log.append(line)
+    await server.set_faults(faults)
+
+    async def clear_later() -> None:
         try:
             await asyncio.sleep(hold_s)
         finally:
-            await pair.servers[backend].clear_faults()
+            await server.clear_faults()
+            tally.fault_active = False
+
+    return asyncio.create_task(clear_later())
+
+
+async def turn_watch(pair: SimPair, stop_at: float, hold_s: float, every: int, tally: Tally,
+                     started: float, state: State) -> None:
+    """Every 0.1 s: the pair's phase (how long it admits nowhere); at every `every`-th turn
+    begun, the next of TURN_FAULTS on its incoming server."""
+    turns_seen, faults_set, handing, last = 0, 0, False, time.monotonic()
+    holding: list[asyncio.Task[None]] = []
+    try:
+        while time.monotonic() < stop_at:
+            await asyncio.sleep(0.1)
+            memory = (await state())["pairs"][0]["memory"]
+            now = time.monotonic()
+            tally.phases[memory["phase"]] += 1
+            if memory["admitting"] is None:
+                tally.not_admitting_s += now - last
+                tally.longest_not_admitting_s = max(tally.longest_not_admitting_s,
+                                                    memory["for_s"])
+            last = now
+            began = memory["phase"] == "handing" and not handing
+            handing = memory["phase"] == "handing"
+            if not began:
+                continue
+            turns_seen += 1
+            if turns_seen % every or tally.fault_active or now + hold_s > stop_at:
+                continue
+            name, faults = TURN_FAULTS[faults_set % len(TURN_FAULTS)]
+            target = memory["target"]
+            step = (memory["step"] or "").split("(")[0]
+            line = f"t={now - started:6.1f}s  {target:5s} {name} (turn {turns_seen}, at {step})"
+            if faults.refuse_connections and not (step in BEFORE_RELEASE
+                                                  and holds_nothing(pair, target)):
+                tally.turn_faults.append(line + ": skipped, the turn was past its release")
+                continue
+            faults_set += 1
+            holding.append(await hold_fault(pair.servers[target], faults, hold_s, tally,
+                                            tally.turn_faults, line))
+    finally:
+        await asyncio.gather(*holding, return_exceptions=True)
 
 
 async def wait_for(predicate, timeout: float, every: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
@@ -196,18 +346,25 @@ async def soak(args: argparse.Namespace) -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     # The simulator logs every injected crash as a traceback: keep its uvicorn quiet.
-    options = SimOptions(speed=args.speed, seed=args.seed, log_level="critical")
+    turns = args.memory == "turns"
+    options = SimOptions(speed=args.speed, seed=args.seed, log_level="critical", memory=args.memory)
     async with start_sim_pair(options) as pair:
-        config = {
+        overlap = Overlap(pair) if turns else None
+        workdir = Path(tempfile.mkdtemp(prefix="mtp-soak-"))
+        journal_path = workdir / "turns.json"
+        config: dict[str, object] = {
             "listen": {"host": "127.0.0.1", "port": port},
             "backends": {name: {"url": url} for name, url in pair.urls.items()},
-            "timeouts": {"first_byte_s": 4.0, "idle_s": 3.0, "total_s": 120.0,
-                         "keepalive_s": 1.0, "shutdown_grace_s": 5.0},
+            "timeouts": {"first_byte_s": 8.0 if turns else 4.0, "idle_s": 8.0 if turns else 3.0,
+                         "total_s": 120.0, "keepalive_s": 1.0, "shutdown_grace_s": 5.0},
             "monitor": {"interval_s": 0.25, "fall": 2, "rise": 2, "circuit_failures": 5,
                         "circuit_open_s": 3.0},
             "auth": {"admin_key": admin},
         }
-        workdir = Path(tempfile.mkdtemp(prefix="mtp-soak-"))
+        if turns:
+            # NVML off: the simulated device is the one that counts, not this machine's GPUs.
+            config |= {"memory": "turns", "routing": TURNS_ROUTING,
+                       "turns": {"check_memory": False, "state_file": str(journal_path)}}
         (workdir / "config.yaml").write_text(json.dumps(config))
         log_path = workdir / "gateway.log"
         with open(log_path, "wb") as log:
@@ -239,12 +396,17 @@ async def soak(args: argparse.Namespace) -> int:
                 stop_at = started + args.minutes * 60
                 warmup_s = min(30.0, args.minutes * 60 * 0.15)
                 workers = [asyncio.create_task(worker(i, session, base + "/v1/chat/completions",
-                                                      stop_at, tally, random.Random(rng.random())))
+                                                      stop_at, tally, random.Random(rng.random()),
+                                                      turns))
                            for i in range(args.concurrency)]
-                swinger = asyncio.create_task(swing(tally, args.concurrency, stop_at))
+                swinger = asyncio.create_task(swing(tally, args.concurrency, stop_at,
+                                                    SWINGS[args.memory]))
                 toggler = asyncio.create_task(fault_toggler(pair, stop_at, args.fault_every_s,
                                                             args.fault_hold_s, tally, rng, started,
-                                                            state))
+                                                            state, turns))
+                watcher = asyncio.create_task(
+                    turn_watch(pair, stop_at, args.fault_hold_s, args.turn_fault_every, tally,
+                               started, state) if turns else asyncio.sleep(0))
                 await asyncio.sleep(warmup_s)
                 rss_warm = rss_mib(process.pid)
                 rss_peak = rss_warm
@@ -259,6 +421,7 @@ async def soak(args: argparse.Namespace) -> int:
                         print(f"  t={last_print - started:5.0f}s  {done} requests finished, "
                               f"RSS {rss_mib(process.pid):.1f} MiB", file=sys.stderr, flush=True)
                 await asyncio.gather(*workers)
+                await watcher
                 for task in (toggler, swinger):
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -271,6 +434,11 @@ async def soak(args: argparse.Namespace) -> int:
                     return (await state())["concurrency"] == 0
 
                 await wait_for(settled, 15)
+
+                async def holding() -> bool:
+                    return not turns or (await state())["pairs"][0]["memory"]["phase"] == "holding"
+
+                await wait_for(holding, 30)
                 final = await state()
 
                 async def engines_idle() -> bool:
@@ -289,14 +457,79 @@ async def soak(args: argparse.Namespace) -> int:
             if process.returncode is None:
                 process.kill()
                 await process.wait()
+        sim = {name: server.saver.state.view() for name, server in pair.servers.items()}
     log_text = log_path.read_text(errors="replace")
+    turns_checks: dict[str, bool] = {}
+    turns_lines: list[str] = []
+    if turns:
+        assert overlap is not None
+        journal = json.loads(journal_path.read_text())["pairs"]["default"]
+        turns_lines, turns_checks = turns_report(tally, final["pairs"][0]["memory"], journal,
+                                                 overlap.most, sim, log_text, metrics,
+                                                 args.turn_fault_every)
     return report(args, tally, elapsed, final, engines, rss_start, rss_warm, rss_peak, rss_end,
-                  warmup_s, code, log_text, metrics)
+                  warmup_s, code, log_text, metrics, turns_lines, turns_checks)
+
+
+def metric(metrics: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include `labels`."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def turns_report(tally: Tally, memory: dict, journal: dict, most: int, sim: dict,  # type: ignore[type-arg]
+                 log_text: str, metrics: str, every: int) -> tuple[list[str], dict[str, bool]]:
+    """What became of every turn: the gateway's log says each one begun ("handing the memory"),
+    /metrics how each ended, the simulated device and servers whether any was unsafe."""
+    begun = log_text.count("handing the memory")
+    handed = {role: log_text.count(f"memory handed to {role}") for role in ("mtp", "plain")}
+    outcomes = {o: metric(metrics, "gateway_memory_turns_total", outcome=o)
+                for o in ("done", "done_speculation_lost", "failed", "settled", "stuck", "holder_lost")}
+    ended = outcomes["done"] + outcomes["done_speculation_lost"] + outcomes["failed"]
+    failures = [line for line in metrics.splitlines()
+                if line.startswith("gateway_memory_turn_failures_total{")]
+    held = [role for role, m in journal["memory"].items() if m == "held"]
+    lines = [
+        f"turns begun: {begun} (gateway log); handed to plain {handed['plain']}, to mtp "
+        f"{handed['mtp']}",
+        "turns and settlings by outcome (/metrics): "
+        + ", ".join(f"{o} {v:g}" for o, v in outcomes.items()),
+        "turn step failures (/metrics):", *[f"  {line}" for line in failures],
+        f"no server admitting (a turn or a settling): {tally.not_admitting_s:.1f} s in all, the "
+        f"longest {tally.longest_not_admitting_s:.1f} s; phases seen every 0.1 s: "
+        + ", ".join(f"{p} {n}" for p, n in tally.phases.most_common()),
+        f"at the end (/admin/state): phase {memory['phase']}, holder {memory['holder']}, memory "
+        f"{memory['memory']}; journal: phase {journal['phase']}, memory {journal['memory']}",
+        f"most servers holding weights or KV cache at once (the device's ledger): {most}",
+        "simulated servers: " + ", ".join(f"{n} {v['status']}" for n, v in sim.items()),
+        "",
+        f"turn faults (on the incoming server as a turn began, every {every} turns):",
+        *[f"  {line}" for line in tally.turn_faults],
+    ]
+    checks = {
+        "never both servers holding weights or KV cache (device ledger, every change)": most == 1,
+        "no server killed or hung by the memory saver": all(v["status"] == "serving"
+                                                             for v in sim.values()),
+        f"every turn begun ended in an outcome ({begun} begun, {ended:g} ended)":
+            begun > 0 and ended == begun,
+        "the pair holding at the end, the journal agreeing":
+            memory["phase"] == "holding" and journal["phase"] == "holding"
+            and held == [memory["holder"]],
+        "the memory handed over each way": handed["mtp"] > 0 and handed["plain"] > 0,
+    }
+    return lines, checks
 
 
 def report(args: argparse.Namespace, tally: Tally, elapsed: float, final: dict, engines: dict,  # type: ignore[type-arg]
            rss_start: float, rss_warm: float, rss_peak: float, rss_end: float, warmup_s: float,
-           code: int, log_text: str, metrics: str) -> int:
+           code: int, log_text: str, metrics: str, turns_lines: list[str],
+           turns_checks: dict[str, bool]) -> int:
     served = sum(tally.outcomes.values())
     inflight = {name: b["inflight"] for name, b in final["backends"].items()}
     drift = final["concurrency"]
@@ -304,10 +537,11 @@ def report(args: argparse.Namespace, tally: Tally, elapsed: float, final: dict, 
     bad = {k: v for k, v in tally.outcomes.items()
            if k.startswith(("truncated", "torn", "several", "client transport", "bad body"))
            or "not OpenAI-shaped" in k}
+    shape = SWINGS[args.memory]
     lines = [
-        f"mtp-gateway soak: {elapsed / 60:.1f} min, C={args.concurrency} (25 s) / "
-        f"{max(1, args.concurrency // 4)} (15 s) alternating, loopback, "
-        f"simulated pair at speed {args.speed:g}x, seed {args.seed}",
+        f"mtp-gateway soak: {elapsed / 60:.1f} min, {args.memory} pair, C={args.concurrency} "
+        f"({shape.high_s:g} s) / {shape.low(args.concurrency)} ({shape.low_s:g} s) alternating, "
+        f"loopback, simulated pair at speed {args.speed:g}x, seed {args.seed}",
         f"faults: one backend every {args.fault_every_s:g} s for {args.fault_hold_s:g} s "
         f"({len(tally.faults)} injected)",
         "",
@@ -331,17 +565,21 @@ def report(args: argparse.Namespace, tally: Tally, elapsed: float, final: dict, 
         *[f"  {line}" for line in metrics.splitlines()
           if line.startswith(("gateway_retries_total", "gateway_upstream_errors_total",
                               "gateway_client_disconnects_total", "gateway_rejected_total",
-                              "gateway_responses_total"))],
+                              "gateway_responses_total", "gateway_moved_requests_total",
+                              "gateway_continued_requests_total", "gateway_memory_turn_waiting"))],
         f"gateway log: {log_text.count('Traceback')} tracebacks, "
         f"{log_text.count('ERROR')} ERROR lines, {log_text.count('WARNING')} WARNING lines",
         f"gateway exit code on SIGTERM: {code}",
     ]
+    if turns_lines:
+        lines += ["", "the turns pair:", *turns_lines]
     checks = {
         "every stream ended with [DONE], no torn event, no client transport error": not bad,
         "in-flight drift 0": drift == 0 and all(v == 0 for v in inflight.values()),
         "RSS growth after warm-up < 10 %": growth < 10,
         "no traceback in the gateway log": "Traceback" not in log_text,
         "exit code 0 on SIGTERM": code == 0,
+        **turns_checks,
     }
     lines += ["", "checks:"] + [f"  [{'x' if ok else ' '}] {name}" for name, ok in checks.items()]
     if bad:
@@ -359,6 +597,11 @@ def main() -> int:
     parser.add_argument("--fault-every-s", type=float, default=15.0)
     parser.add_argument("--fault-hold-s", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--memory", choices=("split", "turns"), default="split",
+                        help="the pair's shape: split (both resident) or turns (one holds the "
+                        "memory at a time, handed over by the gateway)")
+    parser.add_argument("--turn-fault-every", type=int, default=2,
+                        help="turns: a turn fault on the incoming server every N turns begun")
     args = parser.parse_args()
     if not 0 < args.minutes <= MAX_MINUTES:
         parser.error(f"--minutes must be in (0, {MAX_MINUTES:g}]")
