@@ -206,14 +206,17 @@ class PairDriver:
 
     async def _run_plan(self) -> None:
         kind = self.state.phase
+        lost_before = self.state.speculation_lost
         while (step := self.state.step) is not None:
             started = self.pair.clock()
             self._set(sending(self.state))
             try:
                 await self.steps.do(step)
             except CallFailed as failed:
+                # Back to discovery (no step left in progress), or a failed speculation check,
+                # after which the plan goes on: the pair holds with MTP.
                 self._failed(step, failed)
-                return
+                continue
             now = self.pair.clock()
             if self.events is not None:
                 self.events.step(self.pair.name, step.action, now - started)
@@ -226,7 +229,8 @@ class PairDriver:
                 self.turns_done += 1
                 log.info("pair %s: memory handed to %s%s", self.pair.name, self.state.holder,
                             "" if took is None else f" in {took:.2f} s")
-                self._outcome("done", took)
+                lost = self.state.speculation_lost and not lost_before
+                self._outcome("done_speculation_lost" if lost else "done", took)
             else:
                 log.info("pair %s: settled, %s holds the memory", self.pair.name,
                             self.state.holder)
@@ -239,9 +243,7 @@ class PairDriver:
         was_turn = self.state.phase == "handing"
         self._set(step_failed(self.state, failed.kind, failed.detail, self.pair.clock(),
                               sent=failed.sent))
-        if self.state.phase == "holding":  # a lost speculation: noted, the pair serves
-            self._outcome("done_speculation_lost" if was_turn else "settled")
-        elif was_turn:
+        if was_turn and self.state.phase == "discovering":
             self._outcome("failed")
 
     # --- bookkeeping -------------------------------------------------------------------------

@@ -258,14 +258,16 @@ def step_failed(state: PairMemory, kind: FailureKind, detail: str, now: float, *
 
     A failed speculation check is the one failure that does not stop the pair: MTP holds the
     memory and answers correctly, only slower than it should; it is said and remembered, and
-    the turn back to plain is the decision's to make."""
+    the turn back to plain is the decision's to make. Only an accept length measured below the
+    minimum (`check`) is a lost speculation: a check whose request failed (an error, no answer,
+    the connection lost) measured nothing, so it is said, and MTP may be wished for again."""
     step = state.step
     if step is None:
         raise ValueError(f"no step in progress ({state.phase})")
     failure = Failure(step, kind, detail, now)
     if step.action == "check_speculation":
         done = step_done(state, now)
-        return replace(done, failure=failure, speculation_lost=True)
+        return replace(done, failure=failure, speculation_lost=state.speculation_lost or kind == "check")
     memory = state.memory
     taking = step.action in ("check_memory", "resume", "wake_up", "continue", "check_ready")
     avoid = state.target if taking else state.avoid

@@ -143,6 +143,8 @@ class FakeServer:
 
     async def generate(self, request: Request) -> Response:
         await self.unpaused.wait()
+        if (answer := await self._fault("generate")) is not None:
+            return answer
         meta = {} if self.accept_length is None else {"spec_accept_length": self.accept_length}
         event = json.dumps({"text": "one", "meta_info": meta}).encode()
         return Response(b"data: " + event + b"\n\ndata: [DONE]\n\n", media_type="text/event-stream")

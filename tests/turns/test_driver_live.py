@@ -319,3 +319,24 @@ async def test_mtp_resumed_with_drafts_that_no_longer_pay_serves_and_says_so():
         assert metric(metrics, "gateway_memory_turn_failures_total", step="check_speculation",
                       kind="check") == 1
         assert "sglang #31674" in driver(runtime).describe()["last_failure"]["detail"]
+
+
+@pytest.mark.timeout(30)
+async def test_a_speculation_check_whose_request_fails_leaves_mtp_wished_for_again():
+    async with fake_pair("plain") as (device, servers, urls), gateway(urls) as (runtime, url):
+        servers["mtp"].faults["generate"] = "error"  # the check's one /generate answers 400
+        await holding(runtime, "mtp")  # quiet: the memory goes to MTP; its check fails
+        assert not driver(runtime).state.speculation_lost
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            # the load: plain (long enough streams that the driver's tick sees it)
+            load = asyncio.gather(*(stream(client, tokens=200) for _ in range(6)))
+            await holding(runtime, "plain")
+            assert await load == ["whole"] * 6
+            assert await stream(client) == "whole"  # quiet again: MTP, its drafts not in doubt
+            await holding(runtime, "mtp")
+            metrics = (await client.get("/metrics")).text
+        assert metric(metrics, "gateway_memory_turns_total", outcome="done") == 3
+        assert metric(metrics, "gateway_memory_turns_total", outcome="done_speculation_lost") == 0
+        assert metric(metrics, "gateway_memory_turn_failures_total", step="check_speculation",
+                      kind="error") == 1
+        assert_safe(device, servers, runtime)

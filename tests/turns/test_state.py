@@ -271,6 +271,21 @@ def test_speculation_that_no_longer_pays_keeps_serving_and_is_remembered():
     assert state.failure.step == Step("check_speculation", "mtp")
 
 
+@pytest.mark.parametrize("kind", ["error", "timeout", "gone"])
+def test_a_speculation_check_that_measured_nothing_is_no_lost_speculation(kind):
+    state = run_until(begin_turn(holding("plain"), "mtp", 1.0), "check_speculation")
+    state = step_failed(state, kind, "mtp /generate: connection lost", 2.0)
+    assert state.phase == "holding" and state.admitting == "mtp"
+    assert not state.speculation_lost  # MTP may be wished for again
+    assert state.failure is not None and state.failure.kind == kind  # said all the same
+
+
+def test_a_lost_speculation_stays_lost_through_a_later_check_that_measured_nothing():
+    lost = replace(holding("plain"), speculation_lost=True)
+    state = run_until(begin_turn(lost, "mtp", 1.0), "check_speculation")
+    assert step_failed(state, "timeout", "no answer", 2.0).speculation_lost
+
+
 def test_restart_mid_release_settles_from_the_journal():
     state = run_until(begin_turn(holding(), "plain", 1.0), "release")
     restarted = from_journal(journal(state), 10.0)
