@@ -88,7 +88,7 @@ TURN_FAULTS: list[tuple[str, Faults]] = [
 ]
 # Steps of a turn before the source's release: the incoming server holds nothing and no resume
 # can have been sent to it yet.
-BEFORE_RELEASE = ("stop_admitting", "move_unstarted", "running_streams", "pause")
+BEFORE_RELEASE = ("stop_admitting", "move_unstarted", "running_streams", "keep_caches", "pause")
 
 
 def free_port() -> int:
@@ -112,7 +112,9 @@ class Tally:
     active: int = 0  # workers allowed to send right now (the load swings, see `swing`)
     rss: list[str] = field(default_factory=list)  # the gateway's RSS every 30 s
     latest_error: dict[str, str] = field(default_factory=dict)
-    fault_active: bool = False  # one fault at a time, a backend's or a turn's
+    # One fault at a time: the one in force, if any (the task that clears it), and whose.
+    fault: asyncio.Task[None] | None = None
+    turn_fault: bool = False
     turn_faults: list[str] = field(default_factory=list)
     # The turns pair as /admin/state showed it every 0.1 s: seconds without a server admitting
     # (a turn or a settling), the longest such stretch, and the phases seen.
@@ -266,18 +268,18 @@ async def fault_toggler(pair: SimPair, stop_at: float, every_s: float, hold_s: f
                 name, faults = rng.choice([f for f in FAULTS if f[0] != REFUSE])
             else:
                 backend = idle[0]
-        if tally.fault_active:  # a turn's fault holds: skip this one
+        if tally.fault is not None:  # a turn's fault holds: skip this one
             continue
         held = await hold_fault(pair.servers[backend], faults, hold_s, tally, tally.faults,
                                 f"t={time.monotonic() - started:6.1f}s  {backend:5s} {name}")
-        await held
+        await asyncio.wait({held})  # or less: a turn's fault ends it early
 
 
 async def hold_fault(server: sim_server.SimServer, faults: Faults, hold_s: float, tally: Tally,
                      log: list[str], line: str) -> asyncio.Task[None]:
     """Set `faults` now (a refusal takes effect before the first suspension, so a check made
-    just before still holds) and clear them after `hold_s` (the task returned)."""
-    tally.fault_active = True
+    just before still holds) and clear them after `hold_s` (the task returned, `tally.fault`;
+    cancelling it clears them at once)."""
     log.append(line)
     await server.set_faults(faults)
 
@@ -286,9 +288,10 @@ async def hold_fault(server: sim_server.SimServer, faults: Faults, hold_s: float
             await asyncio.sleep(hold_s)
         finally:
             await server.clear_faults()
-            tally.fault_active = False
+            tally.fault = None
 
-    return asyncio.create_task(clear_later())
+    tally.fault = asyncio.create_task(clear_later())
+    return tally.fault
 
 
 async def turn_watch(pair: SimPair, stop_at: float, hold_s: float, every: int, tally: Tally,
@@ -313,8 +316,11 @@ async def turn_watch(pair: SimPair, stop_at: float, hold_s: float, every: int, t
             if not began:
                 continue
             turns_seen += 1
-            if turns_seen % every or tally.fault_active or now + hold_s > stop_at:
+            if turns_seen % every or tally.turn_fault or now + hold_s > stop_at:
                 continue
+            if tally.fault is not None:  # a turn's fault comes first: a backend's ends early
+                tally.fault.cancel()
+                await asyncio.wait({tally.fault})
             name, faults = TURN_FAULTS[faults_set % len(TURN_FAULTS)]
             target = memory["target"]
             step = (memory["step"] or "").split("(")[0]
@@ -324,8 +330,11 @@ async def turn_watch(pair: SimPair, stop_at: float, hold_s: float, every: int, t
                 tally.turn_faults.append(line + ": skipped, the turn was past its release")
                 continue
             faults_set += 1
-            holding.append(await hold_fault(pair.servers[target], faults, hold_s, tally,
-                                            tally.turn_faults, line))
+            held = await hold_fault(pair.servers[target], faults, hold_s, tally,
+                                    tally.turn_faults, line)
+            tally.turn_fault = True
+            held.add_done_callback(lambda _: setattr(tally, "turn_fault", False))
+            holding.append(held)
     finally:
         await asyncio.gather(*holding, return_exceptions=True)
 
