@@ -54,10 +54,10 @@ async def demo(settings: Settings, config_path: Path | None, log_level: str,
                speed: float, memory: str | None = None, engine: str = "sglang",
                say: Callable[[str], None] = print) -> None:
     """`memory`: the pair's shape, for the simulated servers and the gateway alike (None: the
-    configuration's; `auto`, the default, runs the simulated SGLang pair with the memory saver,
-    so the gateway finds it can take turns; a vLLM pair splits). `engine`: what the simulated
-    servers speak (SGLang 0.5.23 or vLLM 0.33.0). Says on the terminal what it waits for, then
-    `ready`."""
+    configuration's; `auto`, the default, runs the simulated pair with the memory saver, or a
+    vLLM pair in sleep mode and dev mode, so the gateway finds it can take turns). `engine`:
+    what the simulated servers speak (SGLang 0.5.23 or vLLM 0.33.0). Says on the terminal what
+    it waits for, then `ready`."""
     from gateway.app import create_app
     from gateway.sim.memory import TURNS_FIRST
     from gateway.sim.server import SimOptions, start_sim_pair
@@ -67,7 +67,7 @@ async def demo(settings: Settings, config_path: Path | None, log_level: str,
         settings = settings.model_copy(update={"memory": memory})
     settings = device_time_at_speed(settings.model_copy(update={"engine": engine}), speed)
     shape = settings.memory_of(settings.fleet()[0])
-    turns = shape == "turns" or (shape == "auto" and engine == "sglang")
+    turns = shape in ("turns", "auto")
     sim_memory = "turns" if turns else "split"
     options = SimOptions(speed=speed, mtp_port=_port(settings.backends.mtp.url),
                          plain_port=_port(settings.backends.plain.url), memory=sim_memory,
@@ -203,8 +203,8 @@ def add_memory_argument(parser: argparse.ArgumentParser) -> None:
                         help="how the pair shares its GPUs' memory: split (each its share) or "
                         "turns (each sized for all of it, handed over by the gateway with "
                         "SGLang's memory saver or vLLM's sleep mode); default: the configuration's "
-                        "`memory` (auto, its default: the simulated SGLang pair with the memory "
-                        "saver, so turns; a vLLM pair splits)")
+                        "`memory` (auto, its default: the simulated pair with the memory saver, "
+                        "or vLLM's in sleep mode and dev mode, so turns)")
 
 
 def _port(url: str) -> int:

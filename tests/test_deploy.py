@@ -1044,7 +1044,7 @@ async def test_vllm_sleep_service_puts_the_first_server_to_sleep_once():
         out, _ = await proc.communicate()
         return proc.returncode or 0, out.decode()
 
-    options = SimOptions(speed=200, engine="vllm", vllm=VllmOptions(dev_mode=True))
+    options = SimOptions(speed=200, engine="vllm", vllm=VllmOptions(dev_mode=True, enable_sleep_mode=True))
     async with start_sim_pair(options) as pair, httpx.AsyncClient(timeout=5) as http:
         plain, mtp = pair.urls["plain"], pair.urls["mtp"]
         # with the other server up the pair is the controller's: nothing is done

@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("--vllm-dev-mode", action="store_true",
                       help="as VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping (default "
                       "with --memory turns)")
+    vllm.add_argument("--enable-sleep-mode", action="store_true", default=None,
+                      help="as vLLM's flag: a sleep frees the memory (default with --memory turns; "
+                      "without it a sleep frees nothing)")
     vllm.add_argument("--max-num-seqs", type=int, metavar="N",
                       help="vLLM's running cap; above the Mamba cache blocks the server does not start")
     vllm.add_argument("--num-speculative-tokens", type=int, metavar="K",
@@ -107,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         request_header_overrides=args.enable_request_header_overrides, saver=_saver_options(args),
         memory=args.memory, engine=args.engine,
         vllm=VllmOptions(dev_mode=args.vllm_dev_mode or args.memory == "turns",
+                         enable_sleep_mode=args.enable_sleep_mode,
                          max_num_seqs=args.max_num_seqs, num_speculative_tokens=args.num_speculative_tokens,
                          draft_schedule=args.num_speculative_tokens_per_batch_size),
     )  # fmt: skip

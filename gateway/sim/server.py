@@ -103,11 +103,18 @@ class SimOptions:
         if self.engine == "vllm":
             # --enable-sleep-mode: level 1 copies the weights to a host buffer allocated at each
             # sleep and dropped at each wake (cumem.py:255-298, :355-360); the CUDA graphs stay.
-            return SaverOptions(enable_memory_saver=True, weights_cpu_backup=True, host_link_gbps=link)
+            return SaverOptions(enable_memory_saver=bool(self.resolved_vllm().enable_sleep_mode),
+                                weights_cpu_backup=True, host_link_gbps=link)
         if self.memory == "split":
             return SaverOptions(host_link_gbps=link)
         return SaverOptions(enable_memory_saver=True, weights_cpu_backup=True, cuda_graph_in_saver=True,
                             retain_cpu_backup=True, host_link_gbps=link)  # fmt: skip
+
+    def resolved_vllm(self) -> VllmOptions:
+        """The vLLM servers' options, sleep mode the shape's where not said."""
+        if self.vllm.enable_sleep_mode is not None:
+            return self.vllm
+        return dataclasses.replace(self.vllm, enable_sleep_mode=self.memory == "turns")
 
     def sizings(self) -> dict[str, sizing.Sizing]:
         hardware = sizing.HARDWARE[self.hardware]
@@ -196,7 +203,7 @@ class SimServer:
         check_max_num_seqs(options.vllm.max_num_seqs, profile.mamba_slots)
         context = ServerContext(identity, self.live, self.faults, ResponsesStore(False), self.saver)
         self.sleep_mode = SleepMode(self.name, self.live, device, self.saver.footprint, self.saver.options)
-        self.vllm_app = VllmApp(context, self.sleep_mode, options.vllm)
+        self.vllm_app = VllmApp(context, self.sleep_mode, options.resolved_vllm())
         return self.vllm_app.build(options.api_key)
 
     @property

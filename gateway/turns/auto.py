@@ -10,11 +10,11 @@ forever; while neither answers there is nothing to wait for, and a request gets 
 - turns: the pair gets its turns driver (or a follower of its controller), which settles it
   from fresh probes as at any start (gateway/turns/discovery.py);
 - split: the pair routes as a split pair. When a server that was down comes back, both are
-  read again: if both now run with the memory saver, the pair turns, but only while nothing is
-  in flight on it (a turn's settling releases one server, which with streams running on it would
-  end them); until then it stays split and says so. A turns pair never goes back to split
-  without a restart: its parked server must not be admitted to (discovery already refuses to
-  turn a pair whose server lost the memory saver: `cannot_turn`).
+  read again: if both now run with the memory saver (vLLM: sleep mode in dev mode), the pair
+  turns, but only while nothing is in flight on it (a turn's settling releases one server, which
+  with streams running on it would end them); until then it stays split and says so. A turns
+  pair never goes back to split without a restart: its parked server must not be admitted to
+  (discovery already refuses to turn a pair whose server lost the memory saver: `cannot_turn`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from gateway.config import ROLES, Role
+from gateway.config import ROLES, EngineName, Role
 from gateway.routing.pair import PairState
 from gateway.turns.shape import ShapeChoice, choose_shape
 from gateway.upstream.engine.probe import SaverReport
@@ -43,14 +43,15 @@ class AutoShape:
 
     def __init__(self, pair: PairState, read: Callable[[Role], Awaitable[SaverReport]],
                  take_turns: Callable[[], Driver], decided: Callable[[ShapeChoice], None],
-                 interval_s: Callable[[], float]) -> None:
+                 interval_s: Callable[[], float], engine: EngineName = "sglang") -> None:
         self.pair = pair
+        self.engine = engine
         self.read = read  # one server's /server_info, as a SaverReport
         self.take_turns = take_turns  # the pair's turns driver, installed as its gate
         self.decided = decided  # wakes the arrivals waiting for the choice
         self.interval_s = interval_s
         self.reports: dict[Role, SaverReport] = dict.fromkeys(ROLES, "silent")
-        self.choice = choose_shape("auto", self.reports)
+        self.choice = choose_shape("auto", self.reports, engine)
         self._park(True)  # either may be a parked turns server: neither is admitted to yet
 
     # --- the gate the pool reads while undecided (gateway/routing/pair.MemoryGate) -----------
@@ -94,7 +95,7 @@ class AutoShape:
     async def _read(self) -> ShapeChoice:
         found = await asyncio.gather(*(self.read(role) for role in ROLES))
         self.reports = dict(zip(ROLES, found, strict=True))
-        return choose_shape("auto", self.reports)
+        return choose_shape("auto", self.reports, self.engine)
 
     async def _until_decided(self) -> ShapeChoice:
         said = ""
@@ -128,7 +129,6 @@ class AutoShape:
             if not any(backend.inflight for backend in backends.values()):
                 return choice
             if not told:
-                log.warning("pair %s: both servers now run with --enable-memory-saver; it stays "
-                            "split while requests run on it, and turns once none does",
-                            self.pair.name)
+                log.warning("pair %s: %s; it stays split while requests run on it, and turns "
+                            "once none does", self.pair.name, choice.reason)
                 told = True

@@ -37,7 +37,6 @@ from gateway.turns.waiting import WaitingRoom
 from gateway.upstream.client import Upstream
 from gateway.upstream.engine.probe import SaverReport
 from gateway.upstream.engine.seam import engine_of
-from gateway.upstream.engine.sglang import read_memory_saver
 
 log = logging.getLogger("mtp_gateway.turns")
 
@@ -189,10 +188,11 @@ def build_turns(settings: Settings, pool: Pool, upstream: Upstream, streams: Str
         pair.turns = auto[spec.name] = AutoShape(
             pair, functools.partial(_read_saver, upstream, pair, lambda: settings.monitor),
             functools.partial(take_turns, spec), lambda _choice: waiting.changed(),
-            lambda: settings.monitor.interval_s)
+            lambda: settings.monitor.interval_s, settings.engine_of(spec))
     return TurnsRuntime(drivers, waiting, configured, auto)
 
 
 async def _read_saver(upstream: Upstream, pair: PairState, monitor: Callable[[], Monitor],
                       role: Role) -> SaverReport:
-    return await read_memory_saver(upstream, pair.backends[role].target, monitor().request_timeout_s)
+    backend = pair.backends[role]
+    return await engine_of(backend).read_memory_saver(upstream, backend.target, monitor().request_timeout_s)

@@ -26,11 +26,11 @@ CHAT = [{"role": "user", "content": "Tell me about the pair of servers"}]
 
 
 def vllm(**kw) -> SimOptions:
-    return SimOptions(speed=SPEED, engine="vllm", **kw)
+    return SimOptions(**{"speed": SPEED, "engine": "vllm", **kw})
 
 
 def dev(**kw) -> SimOptions:
-    return vllm(vllm=VllmOptions(dev_mode=True), **kw)
+    return vllm(vllm=VllmOptions(dev_mode=True, enable_sleep_mode=True), **kw)
 
 
 def events(text: str) -> list[str]:
@@ -423,7 +423,7 @@ def test_a_sleep_and_a_wake_take_the_modelled_copy_time():
 
 async def _a_sleep_and_a_wake_take_the_modelled_copy_time():
     clock = asyncio.get_running_loop().time
-    async with start_sim_pair(SimOptions(speed=1, engine="vllm", vllm=VllmOptions(dev_mode=True))) as pair, \
+    async with start_sim_pair(dev(speed=1)) as pair, \
             httpx.AsyncClient(timeout=60) as http:
         server = pair.servers["mtp"]
         expected_sleep = sleep_cost_s(server.saver.footprint, server.saver.options, 1)

@@ -1,8 +1,9 @@
 """`memory: auto`, the default, live: the gateway reads both servers' /server_info and takes
 turns where both run with the memory saver, splits otherwise; it waits for a server that does
 not answer yet, and never admits to a pair whose shape is undecided. Against the simulated pair
-in both shapes, a server that does not report the field, and the task alone (a split pair whose
-servers come back with the memory saver)."""
+in both shapes, a server that does not report the field, the simulated vLLM pair with and without
+sleep mode and dev mode, and the task alone (a split pair whose servers come back with the memory
+saver)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from gateway.routing.backend import BackendState
 from gateway.routing.pair import PairState
 from gateway.sim.faults import Faults
 from gateway.sim.server import SimOptions, start_sim_pair
+from gateway.sim.vllm.app import VllmOptions
 from gateway.turns.auto import AutoShape
 from gateway.turns.shape import ShapeChoice
 from gateway.upstream.engine.probe import SaverReport
@@ -120,6 +122,44 @@ async def test_while_neither_server_answers_a_request_is_refused_at_once():
         assert answer.status_code == 503 and "error" in answer.json()
         assert gateway.runtime.turns.waiting.waiting == 0  # nothing to wait for
         assert shape(gateway) is None
+
+
+# --- a vLLM pair: sleep mode and dev mode, read from dev mode's /server_info -------------------
+
+VLLM_CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}  # the served model
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("memory, dev_mode, sleep_mode, expected, reason", [
+    # compose.vllm-turns.yaml's servers: plain asleep, MTP awake
+    ("turns", True, None, "turns", "both servers run with --enable-sleep-mode in dev mode"),
+    # both resident, both able to sleep: the gateway settles them (one sleeps) and takes turns
+    ("split", True, True, "turns", "both servers run with --enable-sleep-mode in dev mode"),
+    # dev mode without sleep mode: /sleep would free nothing
+    ("split", True, False, "split", "mtp runs without --enable-sleep-mode; "
+                                    "plain runs without --enable-sleep-mode"),
+    # compose.vllm.yaml's servers: no dev mode, so no /server_info, /sleep or /wake_up
+    ("split", False, None, "split", "mtp serves no /server_info"),
+    ("split", False, True, "split", "plain serves no /server_info"),
+])
+async def test_auto_on_a_vllm_pair_takes_turns_only_with_sleep_mode_and_dev_mode(
+        memory, dev_mode, sleep_mode, expected, reason):
+    options = SimOptions(speed=200, memory=memory, engine="vllm",
+                         vllm=VllmOptions(dev_mode=dev_mode, enable_sleep_mode=sleep_mode))
+    async with start_sim_pair(options) as pair, auto_gateway(pair.urls, engine="vllm") as gateway, \
+            httpx.AsyncClient(base_url=gateway.url) as client:
+        answer = await client.post("/v1/chat/completions", json=VLLM_CHAT, timeout=10)
+        assert answer.status_code == 200
+        state = await admin_state(gateway)
+        assert state["memory_shape"]["shape"] == expected == shape(gateway)
+        assert reason in state["memory_shape"]["reason"]
+        if expected == "turns":  # one server awake, the other asleep, whatever the start
+            assert answer.headers["x-gateway-backend"] == state["memory"]["holder"] == "mtp"
+            asleep = {role: (await client.get(url + "/is_sleeping")).json()["is_sleeping"]
+                      for role, url in pair.urls.items()}
+            assert asleep == {"mtp": False, "plain": True}
+        else:
+            assert state["memory"] == {"phase": "split"}
 
 
 # --- the task alone: a split pair whose servers come back with the memory saver ---------------

@@ -73,10 +73,27 @@ async def test_demo_with_split_memory_runs_split_and_waits_for_no_park():
 
 
 @pytest.mark.timeout(40)
-async def test_demo_of_the_vllm_pair_by_default_splits_it():
-    """auto reads SGLang's memory-saver flag, which a vLLM server does not report: it splits
-    (`--memory turns` takes turns in sleep mode, below)."""
+async def test_demo_of_the_vllm_pair_by_default_takes_turns_in_sleep_mode():
+    """auto on a vLLM pair reads sleep mode from dev mode's /server_info: the demo's servers run
+    with both, so it takes turns (`--memory split` splits, below)."""
     lines, url, task = await _demo_until_ready(None, engine="vllm")
+    try:
+        assert "sleeps" in lines[0] and lines[1].startswith("simulated vLLM pair (turns memory")
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            state = (await client.get("/admin/state",
+                                      headers={"authorization": "Bearer admin"})).json()
+        assert state["pairs"][0]["memory_shape"] == {
+            "setting": "auto", "shape": "turns",
+            "reason": "auto: both servers run with --enable-sleep-mode in dev mode"}
+        assert state["pairs"][0]["memory"]["holder"] == "mtp"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.timeout(40)
+async def test_demo_of_the_vllm_pair_with_split_memory_splits_it():
+    lines, url, task = await _demo_until_ready("split", engine="vllm")
     try:
         assert lines[0].startswith("simulated vLLM pair (split memory")
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:

@@ -20,7 +20,8 @@ from tests.sim.conftest import wait_until
 
 @contextlib.asynccontextmanager
 async def vllm_pair(**kw) -> AsyncIterator[tuple[SimPair, Upstream]]:
-    options = SimOptions(**{"speed": 50, "engine": "vllm", "vllm": VllmOptions(dev_mode=True), **kw})
+    sleeps = VllmOptions(dev_mode=True, enable_sleep_mode=True)
+    options = SimOptions(**{"speed": 50, "engine": "vllm", "vllm": sleeps, **kw})
     async with start_sim_pair(options) as pair:
         upstream = Upstream(connect_timeout_s=2)
         await upstream.start()
@@ -51,7 +52,8 @@ def test_no_rid_is_set_or_aborted_by_name():
 async def test_the_load_and_the_running_cap_are_read_from_vllms_answers():
     """v1/metrics/loggers.py:527-545 (the gauges on /metrics, text) and
     dev/server_info/api_router.py:43-60 (max_num_seqs in the JSON configuration)."""
-    async with vllm_pair(vllm=VllmOptions(dev_mode=True, max_num_seqs=2)) as (pair, upstream), \
+    capped = VllmOptions(dev_mode=True, enable_sleep_mode=True, max_num_seqs=2)
+    async with vllm_pair(vllm=capped) as (pair, upstream), \
             httpx.AsyncClient(timeout=10) as http:
         url = pair.urls["plain"]
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "ignore_eos": True}

@@ -36,7 +36,12 @@ VERSION = "0.33.0"
 class VllmOptions:
     """vLLM's flags and environment the simulator models."""
 
-    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping, /server_info
+    # --enable-sleep-mode (None: the pair's shape's, on for turns and off for split, as
+    # docker/compose.vllm-turns.yaml and compose.vllm.yaml start them). Off, a sleep frees
+    # nothing: the weights and KV cache are not in the cuMem pools it unmaps
+    # (v1/worker/gpu_worker.py:396-417).
+    enable_sleep_mode: bool | None = None
     max_num_seqs: int | None = None  # --max-num-seqs (None: the profile's running cap)
     # The MTP server's speculative config: num_speculative_tokens (None: the profile's draft
     # steps) and num_speculative_tokens_per_batch_size, the dynamic schedule (dynamic.py).
@@ -94,7 +99,8 @@ class VllmApp:
         p = self.context.profile
         speculative = {"method": "mtp", "num_speculative_tokens": p.num_steps} if p.speculative else None
         config = {"model_config": {"model": p.served_model_name, "served_model_name": p.served_model_name,
-                                   "max_model_len": p.context_length},
+                                   "max_model_len": p.context_length,
+                                   "enable_sleep_mode": bool(self.options.enable_sleep_mode)},
                   "scheduler_config": {"max_num_seqs": p.effective_max_running,
                                        "max_num_batched_tokens": p.chunked_prefill_size},
                   "speculative_config": speculative}  # fmt: skip

@@ -17,6 +17,10 @@ What the source does (under ``vllm/``; docs/compat.md's vLLM section has a row a
   asleep (its tags are cleared only after the call succeeds). The scheduler resumes only once
   nothing is asleep (core.py:1031-1056).
 - ``/health`` says nothing of it: 200 while asleep (v1/engine/async_llm.py:1129-1134).
+- Without ``--enable-sleep-mode`` the endpoints answer the same (dev mode is what serves them)
+  but nothing was allocated in the cuMem pools (v1/worker/gpu_worker.py:396-417, the allocator
+  forced on only by sleep mode, config/model.py:666-673): a sleep frees nothing and a wake
+  maps nothing back (SaverOptions.enable_memory_saver off).
 
 What it costs is the SGLang simulator's measured copy model (gateway/sim/saver.py): a host
 buffer allocated at every sleep, copied over the host link, given back at every wake.
@@ -109,7 +113,7 @@ class SleepMode:
             return  # level 0 pauses only; asleep already: "Executor is already sleeping."
         async with self.live.scheduler:
             await self._sleep(sleep_cost_s(self.footprint, self.options, level))
-            for tag in SLEEP_TAGS:
+            for tag in SLEEP_TAGS if self.options.enable_memory_saver else ():  # else nothing to unmap
                 self.device.free(self.name, tag)
             self.state.sleeping_tags = frozenset(SLEEP_TAGS)
             self.state.level = level
@@ -136,10 +140,11 @@ class SleepMode:
         if tags is not None and not wanted and "scheduling" not in tags:
             asleep = []
         async with self.live.scheduler:
-            need = sum(self.footprint.region_gib(tag) for tag in asleep)
-            if asleep and not self.device.fits(need):
+            mapped = asleep if self.options.enable_memory_saver else []  # without sleep mode: never unmapped
+            need = sum(self.footprint.region_gib(tag) for tag in mapped)
+            if mapped and not self.device.fits(need):
                 raise WakeFailed(WAKE_OOM)
-            for tag in asleep:
+            for tag in mapped:
                 self.device.hold(self.name, tag, self.footprint.region_gib(tag))
             await self._sleep(wake_cost_s(self.footprint, self.options, self.state.level or 1, tuple(asleep)))
             if WEIGHTS in asleep and self.state.level == 2 and self.live.engine.profile.speculative:

@@ -11,9 +11,10 @@ from typing import Literal
 # refused or reset), or a check that did not pass.
 FailureKind = Literal["error", "timeout", "gone", "check"]
 
-# What one server says of its memory saver (the `memory: auto` choice, gateway/turns/shape.py):
-# on, off, answered without saying (an engine that has no such setting), or no answer yet.
-SaverReport = Literal["on", "off", "unsaid", "silent"]
+# What one server says of its memory saver, SGLang's or vLLM's sleep mode (the `memory: auto`
+# choice, gateway/turns/shape.py): on, off, answered without saying (an engine that has no such
+# setting), its control endpoints not served at all (vLLM without dev mode), or no answer yet.
+SaverReport = Literal["on", "off", "unsaid", "no_controls", "silent"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from gateway.config import Backend, EngineName
 from gateway.routing.backend import BackendState
 from gateway.upstream.client import Header, Upstream
 from gateway.upstream.engine import sglang, vllm
-from gateway.upstream.engine.probe import Probe
+from gateway.upstream.engine.probe import Probe, SaverReport
 
 
 class Control(Protocol):
@@ -58,6 +58,9 @@ class Engine(Protocol):
     def parse_server_info(self, info: Any) -> tuple[int | None, float | None]: ...
 
     def usage_by_default(self, info: Any) -> bool: ...
+
+    async def read_memory_saver(self, upstream: Upstream, target: Backend,
+                                timeout_s: float) -> SaverReport: ...  # `memory: auto`
 
     async def abort(self, upstream: Upstream, target: Backend, name: str, rid: str) -> None: ...
 

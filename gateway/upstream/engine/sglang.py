@@ -132,12 +132,16 @@ def memory_saver_report(status: int | None, body: bytes) -> SaverReport:
 
 async def read_memory_saver(upstream: Upstream, target: Backend, timeout_s: float) -> SaverReport:
     """Ask one server's /server_info whether it runs with the memory saver."""
+    return memory_saver_report(*await answer_of(upstream, target, SERVER_INFO, timeout_s))
+
+
+async def answer_of(upstream: Upstream, target: Backend, path: str,
+                    timeout_s: float) -> tuple[int | None, bytes]:
+    """One GET's status and body (status None: no answer), any engine's."""
     try:
-        status, body = await upstream.request("GET", target.url + SERVER_INFO, probe_headers(target),
-                                              None, timeout_s)
+        return await upstream.request("GET", target.url + path, probe_headers(target), None, timeout_s)
     except GatewayError:
-        return "silent"
-    return memory_saver_report(status, body)
+        return None, b""
 
 
 def usage_by_default(info: Any) -> bool:

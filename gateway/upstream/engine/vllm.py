@@ -31,13 +31,14 @@ from typing import Any
 
 from gateway.config import Backend
 from gateway.upstream.client import Header, Upstream
-from gateway.upstream.engine.probe import CallFailed, Probe
-from gateway.upstream.engine.sglang import control_call, new_rid, probe_headers
+from gateway.upstream.engine.probe import CallFailed, Probe, SaverReport
+from gateway.upstream.engine.sglang import answer_of, control_call, new_rid, probe_headers
 
 __all__ = ["ABORT", "ASK_USAGE", "HEALTH", "HEALTH_GENERATE", "LOADS", "MODELS", "NOT_PROVIDED", "READY",
            "RESPONSE_ID_PREFIX", "RID_FIELDS", "RID_HEADER", "RID_HEADER_PATHS", "SERVER_INFO", "USAGE_CHUNK",
            "CallFailed", "SleepControl", "abort", "abort_rids", "admin_headers", "control", "new_rid",
-           "parse_loads", "parse_server_info", "probe_headers", "usage_by_default"]  # fmt: skip
+           "parse_loads", "parse_server_info", "probe_headers", "read_memory_saver", "sleep_mode_report",
+           "usage_by_default"]  # fmt: skip
 
 # --- request ids ----------------------------------------------------------------------------
 
@@ -119,6 +120,37 @@ def usage_by_default(info: Any) -> bool:
 
 
 # --- sleep mode -----------------------------------------------------------------------------
+# Whether a server can take turns (`memory: auto`, gateway/turns/shape.py): it needs both
+# --enable-sleep-mode (ModelConfig.enable_sleep_mode, config/model.py:370; without it the
+# weights and KV cache are not in the cuMem pools a sleep frees, v1/worker/gpu_worker.py:396-417,
+# and a sleep frees nothing) and VLLM_SERVER_DEV_MODE=1 (the only way /sleep and /wake_up exist,
+# entrypoints/launchers/api_server/routers.py:46-53). Dev mode's /server_info?config_format=json
+# dumps the engine's whole configuration (dev/server_info/api_router.py:43-60), sleep mode in
+# vllm_config.model_config.enable_sleep_mode; without dev mode there is no /server_info (404).
+# /is_sleeping cannot tell: in dev mode it answers false with or without sleep mode
+# (v1/engine/core.py:1078-1080, v1/executor/abstract.py:397-398).
+SLEEP_MODE_FIELD = ("vllm_config", "model_config", "enable_sleep_mode")
+
+
+def sleep_mode_report(status: int | None, body: bytes) -> SaverReport:
+    """What a /server_info?config_format=json answer says of sleep mode (status None: no
+    answer): 404/405 is a server without dev mode, which can neither say nor sleep."""
+    if status is None or (status != 200 and status not in NOT_PROVIDED):
+        return "silent"  # not up yet: asked again
+    if status != 200:
+        return "no_controls"
+    found: Any = _json(body)
+    for key in SLEEP_MODE_FIELD:
+        found = found.get(key) if isinstance(found, dict) else None
+    return "unsaid" if not isinstance(found, bool) else "on" if found else "off"
+
+
+async def read_memory_saver(upstream: Upstream, target: Backend, timeout_s: float) -> SaverReport:
+    """Ask one server's dev-mode /server_info whether it runs in sleep mode (answered by its API
+    server from the configuration, asleep or not)."""
+    return sleep_mode_report(*await answer_of(upstream, target, SERVER_INFO, timeout_s))
+
+
 # A turns pair of vLLM servers, both launched with VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode:
 #
 #     POST /sleep?level=1&mode=keep   dev/sleep/api_router.py:26-34: {"status":"sleeping",
