@@ -242,7 +242,8 @@ def _run_sim(args: argparse.Namespace,
             "profiles": args.profiles or "packaged default", "shared_device": not args.separate_devices,
             "seed": args.seed, "max_tokens": args.max_tokens, "accept_drop": args.accept_drop,
             "carry_learning": args.carry_learning, "memory": args.memory,
-            "turn_cost_s": args.turn_cost, "turns_crossover": _crossovers(targets, args, routing),
+            "turn_cost_s": args.turn_cost, "turn_cost_to_s": _turn_costs_to(targets),
+            "turns_crossover": _crossovers(targets, args, routing),
             "turns": {name: [len(level) for level in levels] for name, levels in turn_log.items()}}
     return results, meta
 
@@ -284,6 +285,17 @@ def _targets(args: argparse.Namespace, pair: Any) -> list[Any]:
     return targets
 
 
+def _turn_costs_to(targets: list[Any]) -> dict[str, dict[str, float]]:
+    """The turns targets whose turn costs their own (a vLLM pair's sleep + wake), per direction."""
+    return {t.name: dict(t.turns.cost_to) for t in targets if t.turns is not None and t.turns.cost_to}
+
+
+def _turn_cost_said(targets: list[Any], args: argparse.Namespace) -> str:
+    own = "".join(f"; {name}'s " + ", ".join(f"{cost:g} s to {role}" for role, cost in costs.items())
+                  for name, costs in _turn_costs_to(targets).items())
+    return f"{args.turn_cost} s{own}"
+
+
 def _crossovers(targets: list[Any], args: argparse.Namespace, routing: Routing) -> dict[str, int]:
     from gateway.bench.targets import turns_crossover
 
@@ -314,13 +326,14 @@ def _run_schedule(args: argparse.Namespace) -> int:
     progress.finish()
     print(f"## bench: {args.workload} workload, schedule {args.schedule}, virtual time\n")
     print(f"Hardware: {HARDWARE[args.hardware].label}; turns crossover "
-          f"{_crossovers(targets, args, routing) or '–'}; turn cost {args.turn_cost} s.\n")
+          f"{_crossovers(targets, args, routing) or '–'}; turn cost {_turn_cost_said(targets, args)}.\n")
     print(schedule.markdown(results, phases))
     if args.json:
         Path(args.json).write_text(json.dumps({
             "meta": {"command": "mtp-gateway bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
                      "schedule": args.schedule, "workload": args.workload,
                      "hardware": HARDWARE[args.hardware].label, "turn_cost_s": args.turn_cost,
+                     "turn_cost_to_s": _turn_costs_to(targets),
                      "turns_crossover": _crossovers(targets, args, routing),
                      "routing": routing.model_dump(mode="json")},
             "results": [r.to_dict() for r in results]}, indent=2) + "\n", encoding="utf-8")

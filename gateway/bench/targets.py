@@ -18,7 +18,12 @@ otherwise run, each with the memory it would really have (gateway.sim.memory).
   pair (MTP with the recipe's k = 1, and plain) through the gateway, and one server owning the
   GPUs: plain, MTP with a static k (1, the recipe's, or 2), and MTP with the dynamic schedule of
   vLLM issue #49548 (k = 2 up to 4 requests, then 0) as the simulator models it (not the
-  collapse that issue reports);
+  collapse that issue reports); ``vllm-pair-turns``: the vLLM pair taking turns in sleep mode
+  (level 1), as the gateway drives it (gateway/turns/state.py ``HANDOVERS``): a turn costs the
+  outgoing server's sleep and the incoming one's wake (``gateway.sim.vllm.sleep.costs``,
+  ~18 s against SGLang's 1.5 s), running streams finish first within the bound and are ended
+  past it (no continuation), and the incoming server starts cold (level 1 discards the KV
+  cache; vLLM has no HiCache store); ``vllm-pair-turns-k2`` the same with k = 2;
 - ``single-mtp-tuned``, ``single-adaptive-tuned``: the strongest single MTP server a user
   could tune with SGLang 0.5.23's flags: ``--max-running-requests 128``, the plain server's
   ``--mem-fraction-static``, and ``--mamba-full-memory-ratio`` raised until the Mamba pool
@@ -47,11 +52,12 @@ from gateway.bench.turns_virtual import (
 )
 from gateway.bench.virtual import routing_for, run_virtual_level
 from gateway.bench.workloads import Workload
-from gateway.config import Routing
+from gateway.config import Routing, Turns
 from gateway.routing.crossover import CrossoverEstimator
 from gateway.sim import memory
 from gateway.sim.profile import Profile, adaptive_timing, packaged_timings, pair_profiles, single_profile
 from gateway.sim.vllm import profiles as vllm_profiles
+from gateway.sim.vllm import sleep as vllm_sleep
 
 SINGLE_TARGETS = ("single-plain", "single-mtp", "single-adaptive")
 TUNED_TARGETS = ("single-mtp-tuned", "single-adaptive-tuned")
@@ -70,9 +76,10 @@ def default_targets(memory_shape: str) -> tuple[str, ...]:
     return (PAIR_TARGET[memory_shape], *SINGLE_TARGETS, *TUNED_TARGETS)
 PAIR_STATIC_TARGETS = ("pair-mtp-only", "pair-plain-only")
 VLLM_SINGLE_TARGETS = ("vllm-plain", "vllm-mtp", "vllm-mtp-k2", "vllm-mtp-dynamic")
-VLLM_TARGETS = ("vllm-pair", *VLLM_SINGLE_TARGETS)
+VLLM_TURNS_TARGETS = ("vllm-pair-turns", "vllm-pair-turns-k2")
+VLLM_TARGETS = ("vllm-pair", *VLLM_TURNS_TARGETS, *VLLM_SINGLE_TARGETS)
 ALL_TARGETS = (*DEFAULT_TARGETS, *TUNED_TARGETS, *TURNS_TARGETS, *PAIR_STATIC_TARGETS, *VLLM_TARGETS)
-PAIR_TARGETS = ("gateway", *TURNS_TARGETS, "vllm-pair")  # compared with the single servers
+PAIR_TARGETS = ("gateway", *TURNS_TARGETS, "vllm-pair", *VLLM_TURNS_TARGETS)  # compared with the singles
 
 # What a parked (released) server still holds per GPU, when gateway.sim.memory does not say
 # (helper deploy's size_turns): CUDA context + NCCL + custom all-reduce 1.0 GiB, attention and
@@ -176,15 +183,28 @@ def build_targets(names: Sequence[str], hardware: str = memory.DEFAULT_HARDWARE,
             "pair-turns-finish-back", "crossover", turns_profiles(hardware, "adaptive", pair),
             dataclasses.replace(turn, running="finish-back")),
     }
-    makers.update(_vllm_makers(hardware, pair))
+    makers.update(_vllm_makers(hardware, pair, turn))
     unknown = [n for n in names if n not in makers]
     if unknown:
         raise ValueError(f"unknown target(s) {', '.join(unknown)}: one of {', '.join(ALL_TARGETS)}")
     return [makers[n]() for n in names]
 
 
-def _vllm_makers(hardware: str, timings: Mapping[str, Profile]) -> dict[str, Callable[[], SimTarget]]:
-    """The vLLM targets; each single server beside the vLLM pair's other server, which idles."""
+def vllm_turn(hardware: str, crossover: int | None = None) -> TurnModel:
+    """How the vLLM turns pair hands over: the outgoing server's level-1 sleep and the incoming
+    one's wake, as the simulated vLLM server costs them; running streams finish first within
+    turns.finish_within_s and are ended past it; no store."""
+    costs = vllm_sleep.costs(hardware)  # (sleep, wake) of each server
+    return TurnModel(cost_to=(("plain", costs["mtp"][0] + costs["plain"][1]),
+                              ("mtp", costs["plain"][0] + costs["mtp"][1])),
+                     running="finish", finish_bound_s=Turns().finish_within_s, past_bound="end",
+                     store="none", crossover=crossover)
+
+
+def _vllm_makers(hardware: str, timings: Mapping[str, Profile],
+                 turn: TurnModel) -> dict[str, Callable[[], SimTarget]]:
+    """The vLLM targets; each single server beside the vLLM pair's other server, which idles.
+    The turns pair takes only ``turn``'s crossover: its hand-over is vLLM's (`vllm_turn`)."""
     def beside(name: str, policy: str, role: str, server: Callable[[], Profile]) -> Callable[[], SimTarget]:
         return lambda: SimTarget(name, policy,
                                  {**vllm_profiles.pair(hardware, timings=timings), role: server()})
@@ -195,6 +215,12 @@ def _vllm_makers(hardware: str, timings: Mapping[str, Profile]) -> dict[str, Cal
     return {
         "vllm-pair": lambda: SimTarget("vllm-pair", "crossover",
                                        vllm_profiles.pair(hardware, timings=timings)),
+        "vllm-pair-turns": lambda: SimTarget("vllm-pair-turns", "crossover",
+                                             vllm_profiles.turns_pair(hardware, timings=timings),
+                                             vllm_turn(hardware, turn.crossover)),
+        "vllm-pair-turns-k2": lambda: SimTarget("vllm-pair-turns-k2", "crossover",
+                                                vllm_profiles.turns_pair(hardware, 2, timings),
+                                                vllm_turn(hardware, turn.crossover)),
         "vllm-plain": beside("vllm-plain", "plain-only", "plain",
                              lambda: vllm_profiles.single("plain", hardware, timings=timings)),
         "vllm-mtp": beside("vllm-mtp", "mtp-only", "mtp", mtp(vllm_profiles.RECIPE_K)),
@@ -296,6 +322,7 @@ def caps(targets: Sequence[SimTarget]) -> dict[str, dict[str, int]]:
             "single-plain": ("plain",), "single-mtp": ("mtp",), "single-adaptive": ("mtp",),
             "single-mtp-tuned": ("mtp",), "single-adaptive-tuned": ("mtp",),
             **{name: ("mtp", "plain") for name in TURNS_TARGETS}, "vllm-pair": ("mtp", "plain"),
+            **{name: ("mtp", "plain") for name in VLLM_TURNS_TARGETS},
             "vllm-plain": ("plain",), **{name: ("mtp",) for name in VLLM_SINGLE_TARGETS[1:]}}
     return {t.name: {b: t.profiles[b].effective_max_running for b in used.get(t.name, tuple(t.profiles))}
             for t in targets}

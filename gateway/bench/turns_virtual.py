@@ -17,13 +17,15 @@ virtual time, as issue 19 orders it:
 3. its running streams are continued there: aborted, and the prompt + the tokens generated so
    far sent as the new prompt for the rest of ``max_tokens`` (a cold prefill: release flushes
    the prefix cache). With ``running="finish"`` they finish on the outgoing server first,
-   within ``finish_bound_s``; those still running then are continued;
+   within ``finish_bound_s``; those still running then are continued (``past_bound="end"``,
+   a vLLM pair: ended with an error);
 4. with a store (``store``, below) the outgoing server, idle and unpaused, first drains its
    L3 writes, at most ``drain_bound_s``;
 5. the outgoing server is paused and released (its prefix cache flushed, with a store its host
    tier and the writes not yet in L3 too), and after ``cost_s`` (pause + release + resume +
-   continue: 1.5 s measured on an H200 with the host copy retained, memory-turns.md) the
-   incoming one steps;
+   continue: 1.5 s measured on an H200 with the host copy retained, memory-turns.md; a vLLM
+   pair's ``cost_to``: the outgoing server's sleep + the incoming one's wake) the incoming one
+   steps;
 6. the waiting arrivals are admitted.
 
 **The store** (``TurnModel.store``, :mod:`gateway.sim.hicache`): ``own`` (the default, what a
@@ -97,6 +99,11 @@ class TurnModel:
     # (within finish_bound_s); finish-back: finish on the way back to MTP only (a draining burst)
     running: Literal["continue", "finish", "finish-back"] = "continue"
     finish_bound_s: float = FINISH_BOUND_S
+    # those still running past finish_bound_s: continued, or ended with an error (vLLM's plan:
+    # no continuation, gateway/turns/state.py HANDOVERS)
+    past_bound: Literal["continue", "end"] = "continue"
+    # the cost of a turn to each server where it is not cost_s (vLLM: the other's sleep + its wake)
+    cost_to: tuple[tuple[Role, float], ...] = ()
     crossover: int | None = None  # in the load signal's unit; None: calibrated per workload
     first_holder: Role = "mtp"
     # each server's HiCache L3 namespace; none by default, as the deploy files run: on agent
@@ -119,8 +126,12 @@ class TurnModel:
                     l3_write_bytes_per_s=self.l3_write_bytes_per_s)
                 for role in ("mtp", "plain") if role in profiles}
 
+    def turn_cost_s(self, to: Role) -> float:
+        return dict(self.cost_to).get(to, self.cost_s)
+
     def rules(self, routing: Routing) -> TurnRules:
-        return TurnRules(turn_cost_s=self.cost_s, min_dwell_s=routing.min_dwell_s,
+        return TurnRules(turn_cost_s=max((cost for _, cost in self.cost_to), default=self.cost_s),
+                         min_dwell_s=routing.min_dwell_s,
                          prefill_tokens_per_s=routing.prefill_tokens_per_s)
 
 
@@ -137,6 +148,7 @@ class TurnRecord:
     continued: int = 0
     continued_tokens: int = 0  # prompt + generated tokens the continued streams re-prefill
     finished_first: int = 0
+    ended: int = 0  # running past the finish bound, ended with an error (past_bound="end")
     waited: int = 0  # arrivals that waited at the gateway
     # What the sessions at work pay for their contexts on the incoming server, from the stores
     # as they are when the turn starts: sessions, their contexts (without a store, all of it is
@@ -300,6 +312,10 @@ class _TurnFlights(Flights):
     def continue_on(self, flight: Flight, to: BackendState) -> None:
         """Abort it where it runs and send it to ``to`` with what it generated so far."""
         self._move(flight, to)
+
+    def end(self, flight: Flight) -> None:
+        """Abort it where it runs: it ends with an error ("abort")."""
+        self.sim.abort(self.engine_of(flight.lease.backend), flight.rid)
 
 
 @dataclass(eq=False)
@@ -475,6 +491,11 @@ class TurnsController:
         incoming = self.pair.backends[turn.to]
         running = self._on(self.holder)
         turn.finished_first -= len(running)
+        if self.model.past_bound == "end":
+            turn.ended = len(running)
+            for flight in running:
+                self.flights.end(flight)
+            running = []
         for flight in running:
             turn.continued += 1
             turn.continued_tokens += len(flight.job.prompt_ids) + flight.generated
@@ -497,7 +518,7 @@ class TurnsController:
         dropped = cache.dropped_tokens if cache is not None else 0
         self.sim.park(self.holder, flush_cache=True)
         turn.dropped_tokens = cache.dropped_tokens - dropped if cache is not None else 0
-        self.sim.at(self.sim.now + self.model.cost_s, self._settle)
+        self.sim.at(self.sim.now + self.model.turn_cost_s(turn.to), self._settle)
 
     def _record_cost(self, turn: TurnRecord) -> None:
         """The turn's cost to the sessions at work, from the stores as they are now."""

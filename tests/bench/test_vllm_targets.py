@@ -1,5 +1,5 @@
-"""bench --sim's vLLM 0.33.0 targets (gateway/sim/vllm/profiles.py): the split vLLM pair and the
-single vLLM servers, in virtual time."""
+"""bench --sim's vLLM 0.33.0 targets (gateway/sim/vllm/profiles.py): the split vLLM pair, the
+pair taking turns in sleep mode, and the single vLLM servers, in virtual time."""
 
 import json
 import random
@@ -7,10 +7,15 @@ import random
 import pytest
 
 from gateway.bench.targets import VLLM_TARGETS, build_targets, caps
+from gateway.bench.turns_virtual import Phase, TurnModel, run_virtual, turns_routing
+from gateway.bench.workloads import Seed
 from gateway.cli import main
+from gateway.config import Routing, Turns
 from gateway.sim.engine import Engine
 from gateway.sim.engine import Request as EngineRequest
 from gateway.sim.vllm import profiles as vllm_profiles
+from gateway.sim.vllm import sleep as vllm_sleep
+from tests.bench.test_turns_virtual import assert_never_both_holding
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,3 +70,59 @@ def test_bench_sim_runs_the_vllm_targets_and_the_vllm_pairs_verdict(tmp_path, ca
         assert [r["requests"] for r in rows] == [8, 8] and not any(r["errors"] for r in rows), name
     assert set(data["meta"]["running_caps"]["vllm-pair"]) == {"mtp", "plain"}
     assert "The pair (vllm-pair) against the best single server" in out
+
+
+# --- the vLLM pair taking turns in sleep mode ---------------------------------------------------
+
+CROSSOVER = 40  # fixed: no calibration
+
+
+def _turns_run(phases, output_len, name="vllm-pair-turns"):
+    (target,) = build_targets([name], "rtx-pro-6000", turn=TurnModel(crossover=CROSSOVER))
+    run = run_virtual(Seed(output_len=output_len), Routing(), target.profiles,
+                      phases=phases, turns=target.turns, turns_routing=turns_routing(Routing(), CROSSOVER),
+                      log_steps=True)
+    return target, run
+
+
+def test_a_vllm_turn_costs_the_outgoing_servers_sleep_and_the_incoming_ones_wake():
+    """A level-1 sleep copies the weights to a fresh host buffer and a wake copies them back
+    (gateway/sim/vllm/sleep.py): ~18 s a turn, not SGLang's 1.5 s; nothing steps meanwhile."""
+    sleep_wake = vllm_sleep.costs("rtx-pro-6000")
+    target, run = _turns_run([Phase(2, 30.0), Phase(64, 60.0), Phase(2, 400.0)], 200)
+    to_plain, back = run.turns[:2]
+    assert (to_plain.to, back.to) == ("plain", "mtp")
+    (mtp_sleep, mtp_wake), (plain_sleep, plain_wake) = sleep_wake["mtp"], sleep_wake["plain"]
+    assert to_plain.settled_at - to_plain.released_at == pytest.approx(mtp_sleep + plain_wake)
+    assert back.settled_at - back.released_at == pytest.approx(plain_sleep + mtp_wake)
+    assert 17 < to_plain.settled_at - to_plain.released_at < 20
+    # the decision's dwell is that of an 18 s turn: the holder keeps the memory that much longer
+    assert target.turns.rules(Routing()).dwell() > 10 * TurnModel().rules(Routing()).dwell()
+    assert_never_both_holding(run)
+
+
+def test_a_vllm_turn_lets_running_streams_finish_and_ends_those_past_the_bound():
+    """gateway/turns/state.py HANDOVERS["vllm"]: finish_streams, then the sleep; a stream still
+    running after turns.finish_within_s is ended with an error, never continued (the sleeping
+    server cannot take a continuation)."""
+    _, short = _turns_run([Phase(8, 20.0), Phase(96, 60.0)], 300)  # each ends within the bound
+    turn = short.turns[0]
+    assert turn.continued == 0 and turn.ended == 0 and turn.finished_first > 0
+    assert turn.released_at > turn.start  # MTP's streams finished before its sleep
+    assert all(r.ok and r.tokens == 300 for r in short.records)
+    _, long = _turns_run([Phase(8, 20.0), Phase(96, 60.0)], 6000)  # ~70 s on MTP: past the bound
+    turn = long.turns[0]
+    assert turn.continued == 0 and turn.ended > 0
+    assert turn.released_at - turn.start == pytest.approx(Turns().finish_within_s, abs=0.2)
+    cut = [r for r in long.records if not r.ok]
+    assert len(cut) == turn.ended and all(r.error == "abort" and r.tokens < 6000 for r in cut)
+
+
+def test_the_vllm_turns_pair_is_one_vllm_server_owning_the_gpus_at_each_end():
+    """Plain sizes first on the empty GPUs (the single plain server's cap); MTP beside plain's
+    leftovers, whose CUDA graphs stay on the GPU through a level-1 sleep."""
+    found = caps(build_targets(["vllm-pair-turns", "vllm-pair-turns-k2", "vllm-plain", "vllm-mtp",
+                                "vllm-mtp-k2", "vllm-pair"], "h200"))
+    assert found["vllm-pair-turns"]["plain"] == found["vllm-plain"]["plain"]
+    assert found["vllm-pair"]["mtp"] < found["vllm-pair-turns"]["mtp"] < found["vllm-mtp"]["mtp"]
+    assert found["vllm-pair-turns-k2"]["mtp"] < found["vllm-mtp-k2"]["mtp"]

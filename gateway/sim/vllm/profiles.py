@@ -1,6 +1,6 @@
 """vLLM 0.33.0 servers as the simulator models them for the bench (``bench --sim --target vllm-*``):
-one server owning the GPUs (plain, MTP with a static k, MTP with a dynamic schedule) and the
-split pair.
+one server owning the GPUs (plain, MTP with a static k, MTP with a dynamic schedule), the
+split pair, and the pair taking turns in sleep mode.
 
 What is vLLM's here, and what is not:
 
@@ -75,3 +75,21 @@ def pair(hardware: str = memory.DEFAULT_HARDWARE, k: int = RECIPE_K,
     sizes = memory.size_pair(memory.HARDWARE[hardware],
                              launch=lambda role, fraction, weights: launch(role, fraction, weights, k))
     return {role: _server(role, timings, sizes[role], k, ()) for role in ("mtp", "plain")}
+
+
+def turns_pair(hardware: str = memory.DEFAULT_HARDWARE, k: int = RECIPE_K,
+               timings: Mapping[str, Profile] | None = None) -> dict[str, Profile]:
+    """The vLLM pair taking turns in sleep mode (docker/compose.vllm-turns.yaml): plain starts
+    first on the empty GPUs and sleeps at level 1, MTP with k draft tokens sizes on what plain's
+    leftovers leave. A level-1 sleep keeps the CUDA graphs on the GPU (without
+    --sleep-mode-offload-cudagraph, config/vllm.py:715-728), so the leftovers are those of an
+    SGLang server whose graphs are not released. Each at a single server's fraction, as the
+    SGLang turns pair (gateway.bench.targets.turns_profiles)."""
+    timings = timings or packaged_timings()
+    hw = memory.HARDWARE[hardware]
+    free = {"plain": hw.free_at_start_gib,
+            "mtp": hw.free_at_start_gib - memory.turns_leftover_total(hw, cuda_graphs_released=False)}
+    sized = {role: memory.size_server(launch(role, memory.SINGLE_FRACTIONS[role], memory.PAIR_WEIGHTS, k),
+                                      free[role], hw)
+             for role in ("mtp", "plain")}
+    return {role: _server(role, timings, sized[role], k, ()) for role in ("mtp", "plain")}
