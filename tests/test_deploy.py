@@ -1059,3 +1059,60 @@ async def test_vllm_sleep_service_puts_the_first_server_to_sleep_once():
         assert code == 0, out
         assert pair.servers["plain"].saver.device.holding("plain") == held
         assert 'sleep_state="weights_offloaded"} 1.0' in (await http.get(plain + "/metrics")).text
+
+
+@pytest.mark.parametrize("name, memory", [("compose.vllm.yaml", None), ("compose.vllm-turns.yaml", "auto")])
+def test_vllm_gateway_service_runs_the_vllm_engine_after_both_servers(name, memory, monkeypatch):
+    compose = load_compose(name)
+    gateway = compose["services"]["gateway"]
+    _check_gateway_service(gateway)
+    assert {k: v["condition"] for k, v in gateway["depends_on"].items()} == {
+        "vllm-mtp": "service_healthy", "vllm-plain": "service_healthy"}
+    assert gateway["environment"].get("GATEWAY_MEMORY") == memory
+    settings = _gateway_settings(monkeypatch, gateway["environment"])
+    assert settings.engine == "vllm" and settings.memory == "auto"
+    for role, service in VLLM_SERVICES.items():
+        port = _vllm_flags(compose, role)["--port"]
+        assert _hostport(settings.backends.get(role).url) == f"{service}:{port}"
+    if name == "compose.vllm-turns.yaml":  # its journal survives a restart of the container
+        state = Path(settings.turns.state_file or "")
+        assert f"turns-state:{state.parent}" in gateway["volumes"] and "turns-state" in compose["volumes"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name, shape", [("compose.vllm.yaml", "split"),
+                                         ("compose.vllm-turns.yaml", "turns")])
+async def test_vllm_gateway_service_takes_the_shape_of_its_files_servers(name, shape, monkeypatch):
+    """The gateway as the file configures it, in front of the simulated vLLM servers as the file
+    starts them (compose.vllm.yaml: no dev mode, no sleep mode; compose.vllm-turns.yaml: both,
+    plain asleep): `memory: auto` splits the one and takes turns with the other."""
+    import httpx
+    from prometheus_client import CollectorRegistry
+
+    from gateway.app import create_app
+    from gateway.cli import with_backend_urls
+    from gateway.sim.server import SimOptions, start_sim_pair
+    from gateway.sim.vllm.app import VllmOptions
+    from tests.live import serve_app
+
+    compose = load_compose(name)
+    local = ("GATEWAY_LISTEN", "GATEWAY_TURNS__STATE")  # where it listens, its volume
+    env = {k: v for k, v in compose["services"]["gateway"]["environment"].items() if not k.startswith(local)}
+    settings = _gateway_settings(monkeypatch, env)
+    settings = settings.model_copy(update={
+        "turns": settings.turns.model_copy(update={"check_memory": False}),  # no GPU here
+        "monitor": settings.monitor.model_copy(update={"interval_s": 0.05})})
+    # the servers as the file starts them: dev mode and sleep mode, or neither
+    sleep_mode = all("--enable-sleep-mode" in _vllm_flags(compose, role) for role in VLLM_SERVICES)
+    server = VllmOptions(dev_mode=compose["x-vllm"]["environment"].get("VLLM_SERVER_DEV_MODE") == "1",
+                         enable_sleep_mode=sleep_mode)
+    options = SimOptions(speed=200, engine="vllm", memory="turns" if sleep_mode else "split", vllm=server)
+    async with start_sim_pair(options) as pair:
+        app = create_app(with_backend_urls(settings, pair.urls), registry=CollectorRegistry())
+        async with serve_app(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+            answer = await client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            assert answer.status_code == 200
+            assert app.state.runtime.turns.shape_of("default").shape == shape
+            if shape == "turns":
+                assert answer.headers["x-gateway-backend"] == "mtp"
