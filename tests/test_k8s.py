@@ -711,6 +711,7 @@ def test_vllm_pair_shares_gpus_and_starts_mtp_first(vllm_docs) -> None:
 
 def test_gateway_backends_reach_the_vllm_pair_servers(vllm_docs, tmp_path, monkeypatch) -> None:
     settings = gateway_settings(vllm_docs, tmp_path, monkeypatch)
+    assert settings.engine == "vllm"  # vLLM's load, aborts and sleep mode, not SGLang's
     pair = find(vllm_docs, "StatefulSet", "vllm-pair")
     headless = find(vllm_docs, "Service", pair["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"]
