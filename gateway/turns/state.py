@@ -78,7 +78,7 @@ HANDOVERS: dict[EngineName, Handover] = {
                        take="resume", serve=("continue", "check_ready"),
                        needs="--enable-memory-saver"),
     "vllm": Handover(streams=("finish_streams",), give_up=("sleep",), take="wake_up",
-                     serve=("check_ready",), needs="VLLM_SERVER_DEV_MODE=1 (sleep mode's endpoints)"),
+                     serve=("check_ready",), needs="VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode"),
 }
 GIVES_UP: frozenset[Action] = frozenset({"release", "sleep"})  # answered 200: memory released
 TAKES: frozenset[Action] = frozenset({"resume", "wake_up"})  # answered 200: memory held

@@ -36,7 +36,7 @@ def test_the_seam_names_every_name_the_core_uses_of_sglangs():
     used = {"RID_FIELDS", "RESPONSE_ID_PREFIX", "RID_HEADER", "RID_HEADER_PATHS", "new_rid", "abort_rids",
             "abort", "LOADS", "SERVER_INFO", "MODELS", "NOT_PROVIDED", "probe_headers", "parse_loads",
             "parse_server_info", "usage_by_default", "USAGE_CHUNK", "ASK_USAGE", "CallFailed", "ABORT",
-            "control"}
+            "control", "read_memory_saver"}
     assert used <= set(dir(sglang)) and used <= set(vllm.__all__)
 
 
@@ -88,6 +88,22 @@ async def test_a_turn_by_sleep_mode_and_a_wake_that_finds_the_memory_taken():
         await plain.wake_up(10)
         assert (await plain.probe(5)).ready and not (await mtp.probe(5)).ready
         assert (await mtp.probe(5)).alive
+
+
+@pytest.mark.parametrize("dev_mode, sleep_mode, saver", [(True, True, True), (True, False, False),
+                                                         (False, True, False), (False, False, False)])
+async def test_the_probe_says_whether_a_sleep_would_free_anything(dev_mode, sleep_mode, saver):
+    """In dev mode /is_sleeping answers with or without --enable-sleep-mode (v1/engine/core.py:
+    1078-1080), so the probe reads sleep mode from /server_info (model_config.enable_sleep_mode):
+    discovery then refuses to turn a pair whose sleep would free nothing (gateway/turns/discovery.py
+    cannot_turn). Without dev mode nothing answers: it cannot sleep at all."""
+    options = VllmOptions(dev_mode=dev_mode, enable_sleep_mode=sleep_mode)
+    async with vllm_pair(vllm=options) as (pair, upstream):
+        probe = await vllm.SleepControl(upstream, Backend(url=pair.urls["plain"]), "plain").probe(5)
+        assert probe.alive and probe.ready and probe.asleep is False
+        assert probe.memory_saver is saver
+        report = await vllm.read_memory_saver(upstream, Backend(url=pair.urls["plain"]), 5)
+        assert report == ("no_controls" if not dev_mode else "on" if sleep_mode else "off")
 
 
 async def test_a_server_that_is_gone_is_not_alive():

@@ -215,7 +215,8 @@ class SleepControl:
     async def probe(self, timeout_s: float) -> Probe:
         """alive: /health 200 (a sleeping server is alive too); asleep: /is_sleeping, whose
         answer comes from the engine core after any sleep or wake sent before it. No
-        /is_sleeping (404: no VLLM_SERVER_DEV_MODE): awake, and it cannot sleep."""
+        /is_sleeping (404: no VLLM_SERVER_DEV_MODE): awake, and it cannot sleep. Whether a sleep
+        frees anything: /server_info's sleep mode (None where it does not say)."""
         try:
             status, _ = await self._call("GET", HEALTH, timeout_s)
         except CallFailed:
@@ -233,8 +234,9 @@ class SleepControl:
         if not isinstance(answer, dict) or not isinstance(answer.get("is_sleeping"), bool):
             return Probe(alive=True, scheduler_answers=False)
         asleep = bool(answer["is_sleeping"])
-        return Probe(alive=True, ready=not asleep, scheduler_answers=True, memory_saver=True,
-                     asleep=asleep)
+        sleep_mode = await read_memory_saver(self.upstream, self.target, timeout_s)
+        return Probe(alive=True, ready=not asleep, scheduler_answers=True,
+                     memory_saver={"on": True, "off": False}.get(sleep_mode), asleep=asleep)
 
     async def ready(self, timeout_s: float) -> bool:
         """Awake and serving: /health 200 says only that the engine lives, so /is_sleeping
