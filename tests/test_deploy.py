@@ -1077,6 +1077,10 @@ def test_vllm_gateway_service_runs_the_vllm_engine_after_both_servers(name, memo
     if name == "compose.vllm-turns.yaml":  # its journal survives a restart of the container
         state = Path(settings.turns.state_file or "")
         assert f"turns-state:{state.parent}" in gateway["volumes"] and "turns-state" in compose["volumes"]
+        # an arrival waits through a whole turn (the streams' finish, then ~18 s of sleep and
+        # wake), not a 503 in the middle of it
+        turns = settings.turns
+        assert turns.turn_cost_s >= 15 and turns.wait_max_s >= turns.finish_within_s + turns.turn_cost_s
 
 
 @pytest.mark.timeout(30)
