@@ -30,7 +30,7 @@ from gateway.sim.parsing import JobParser
 from gateway.sim.replies import SimulatedCrash, json_response
 from gateway.sim.requests import RequestError, read_json, stream_flag
 from gateway.sim.tokenize import Tokenization
-from gateway.sim.vllm import formats
+from gateway.sim.vllm import formats, responses
 
 
 class VllmJobParser(JobParser):
@@ -52,6 +52,17 @@ class VllmJobParser(JobParser):
     def _check_responses_model(self, model: Any) -> None:
         return None  # every API checks the name the same way (VllmGeneration._model_error)
 
+    def responses(self, body: dict[str, Any]) -> sglang_formats.Job:
+        """The SGLang simulator's parse without its store checks (vLLM refuses a
+        ``previous_response_id`` after the model check, ``responses.refusal``), answered with
+        vLLM's echo of the request."""
+        responses.check_body(body)
+        job = super().responses({key: value for key, value in body.items() if key != "previous_response_id"})
+        room = max(self.profile.context_length - job.prompt_tokens, 0)
+        asked = body.get("max_output_tokens")
+        limit = room if not isinstance(asked, int) else min(asked, room)
+        return dataclasses.replace(job, echo=responses.effective_echo(body, limit), store=False)
+
 
 @dataclass(frozen=True)
 class VllmApi:
@@ -61,6 +72,8 @@ class VllmApi:
     id_prefix: str  # the request id's prefix (chat/serving.py:320-322, completion/serving.py:147)
     anthropic: bool = False  # errors from the handler in Anthropic's envelope
     stream_optional: bool = False
+    # what the handler refuses after the model check (a Responses request's store use)
+    refusal: Callable[[dict[str, Any]], RequestError | None] = lambda body: None
 
 
 class VllmGeneration:
@@ -78,8 +91,8 @@ class VllmGeneration:
             # The Messages API is the chat handler behind a converter (anthropic/serving.py:822-852).
             "messages": VllmApi(self.parser.messages, formats.VllmMessagesRenderer, formats.messages_body,
                                 "chatcmpl-", anthropic=True, stream_optional=True),
-            "responses": VllmApi(self.parser.responses, sglang_formats.ResponsesRenderer,
-                                 sglang_formats.responses_final_body, "resp_", stream_optional=True),
+            "responses": VllmApi(self.parser.responses, responses.VllmResponsesRenderer, responses.response_body,
+                                 "resp_", stream_optional=True, refusal=responses.refusal),
         }  # fmt: skip
 
     def routes(self) -> list[Route]:
@@ -103,6 +116,8 @@ class VllmGeneration:
         except RequestError as exc:
             return validation_error(exc)
         refusal = self._model_error(job.model)
+        if refusal is None:
+            refusal = api.refusal(body)
         if refusal is None and job.start_error is not None:
             refusal = RequestError(job.start_error, param="input_tokens")
         if refusal is not None:
