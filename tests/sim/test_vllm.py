@@ -145,6 +145,121 @@ async def test_a_mid_stream_error_is_an_error_chunk_then_done():
     assert json.loads(events(messages.text)[-1])["error"]["type"] == "api_error"
 
 
+RESPONSE_FIELDS = [
+    "id", "created_at", "incomplete_details", "instructions", "metadata", "model", "object", "output",
+    "parallel_tool_calls", "temperature", "tool_choice", "tools", "top_p", "background", "max_output_tokens",
+    "max_tool_calls", "previous_response_id", "prompt", "prompt_cache_options", "prompt_cache_key",
+    "prompt_cache_retention", "reasoning", "safety_identifier", "service_tier", "status", "text",
+    "top_logprobs", "truncation", "usage", "user", "presence_penalty", "frequency_penalty",
+    "kv_transfer_params", "ec_transfer_params", "input_messages", "output_messages"]
+
+
+async def test_a_response_is_vllms_responses_response_dump():
+    """openai/responses/protocol.py:870-951 (ResponsesResponse's fields in order, `metrics`
+    left out when None), :966-1031 (from_request: id = request_id, `resp_<hex>` by default,
+    :357-364; max_output_tokens the clamped sampling value, serving.py:480-490; temperature and
+    top_p SamplingParams' 1.0), :98-117 and serving.py:892-917 (usage with the per-turn lists),
+    serving.py:1067-1085 (one `msg_` message item, status incomplete at the length limit,
+    utils.py:103-107); `store` is not a field of the response; unknown `previous_response_id`
+    is a 404 (store off, serving.py:363-368, :1206-1212) where SGLang says 400."""
+    profiles = {n: dataclasses.replace(p, context_length=64) for n, p in load_profiles().items()}
+    async with start_sim_pair(vllm(profiles=profiles)) as pair, httpx.AsyncClient(timeout=10) as http:
+        url = pair.urls["plain"] + "/v1/responses"
+        answer = await http.post(url, json={"model": MODEL, "input": "hi", "max_output_tokens": 6,
+                                            "temperature": 0, "store": True})
+        clamped = await http.post(url, json={"input": "hi", "request_id": "resp_mine", "ignore_eos": True})
+        previous = await http.post(url, json={"input": "hi", "previous_response_id": "resp_nowhere"})
+        background = await http.post(url, json={"input": "hi", "background": True})
+        unknown = await http.post(url, json={"model": "gpt-5-codex", "input": "hi",
+                                             "previous_response_id": "resp_nowhere"})
+        missing = await http.post(url, json={"model": MODEL})
+    assert answer.status_code == 200
+    body = answer.json()
+    assert list(body) == RESPONSE_FIELDS
+    assert body["id"].startswith("resp_") and body["object"] == "response"
+    assert (body["status"], body["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
+    assert (body["temperature"], body["top_p"], body["max_output_tokens"]) == (0.0, 1.0, 6)
+    assert (body["text"], body["top_logprobs"], body["service_tier"]) == (None, None, "auto")
+    assert '"temperature":0.0,' in answer.text and '"presence_penalty":0.0,' in answer.text
+    (item,) = body["output"]
+    assert list(item) == ["id", "content", "role", "status", "type", "phase"]
+    assert item["id"].startswith("msg_") and item["status"] == "incomplete"
+    assert item["content"][0] == {"annotations": [], "text": item["content"][0]["text"], "type": "output_text",
+                                  "logprobs": None}
+    assert body["usage"] == {
+        "input_tokens": body["usage"]["input_tokens"],
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0, "input_tokens_per_turn": [],
+                                 "cached_tokens_per_turn": []},
+        "output_tokens": 6,
+        "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0, "output_tokens_per_turn": [],
+                                  "tool_output_tokens_per_turn": []},
+        "total_tokens": body["usage"]["input_tokens"] + 6}
+    whole = clamped.json()
+    assert whole["id"] == "resp_mine"
+    assert whole["max_output_tokens"] == 64 - whole["usage"]["input_tokens"]
+    assert previous.status_code == 404
+    assert previous.json() == {"error": {"message": "Response with id 'resp_nowhere' not found.",
+                                         "type": "invalid_request_error", "param": "response_id", "code": 404}}
+    assert background.status_code == 400 and background.json()["error"]["param"] == "background"
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"  # the model first
+    assert missing.status_code == 400
+    assert (missing.json()["error"]["type"], missing.json()["error"]["param"]) == ("Bad Request", "body.input")
+
+
+def sse(text: str) -> list[tuple[str, str]]:
+    """Each event's name and data line."""
+    blocks = [block.split("\n") for block in text.split("\n\n") if block]
+    return [(lines[0].removeprefix("event: "), lines[1].removeprefix("data: ")) for lines in blocks]
+
+
+async def test_a_responses_stream_is_vllms_simple_event_sequence():
+    """openai/responses/serving.py:1343-1457 (created and in_progress with the empty
+    in_progress response, sequence_number from 0 by one per event, the terminal event with the
+    streamed items), api_router.py:32-43 (`event: <type>` then `model_dump_json`: the openai
+    SDK's event models, checked here by re-dumping each with the SDK), streaming_events.py:
+    835-954 (one `msg_` item at output_index 0, content_index 0, an output_text.delta per
+    engine output, text.done, content_part.done, output_item.done with the item's status);
+    never [DONE]. A GenerationError mid-stream (serving.py:1406-1423) is validated as an event,
+    which no StreamingResponsesResponse member (protocol.py:1052-1077) accepts: the connection
+    drops."""
+    types = pytest.importorskip("openai.types.responses")
+    async with start_sim_pair(vllm()) as pair, httpx.AsyncClient(timeout=10) as http:
+        url = pair.urls["mtp"] + "/v1/responses"
+        answer = await http.post(url, json={"model": MODEL, "input": "hi", "max_output_tokens": 12,
+                                            "stream": True, "ignore_eos": True})
+        await pair.servers["mtp"].set_faults(Faults(error_after_chunks=5))
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.post(url, json={"input": "hi", "max_output_tokens": 50, "stream": True})
+    assert answer.status_code == 200
+    stream = sse(answer.text)
+    names = [name for name, _ in stream]
+    assert names[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert set(names[4:-4]) == {"response.output_text.delta"}
+    assert names[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.incomplete"]
+    data = [json.loads(line) for _, line in stream]
+    assert [d["sequence_number"] for d in data] == list(range(len(data)))
+    assert [d["type"] for d in data] == names
+    adapter = __import__("pydantic").TypeAdapter(types.ResponseStreamEvent)
+    for _, line in stream[2:-1]:  # the SDK's own models, dumped as vLLM dumps them
+        assert adapter.validate_json(line).model_dump_json(indent=None, by_alias=True) == line
+    created, final = data[0]["response"], data[-1]["response"]
+    assert list(created) == RESPONSE_FIELDS and list(final) == RESPONSE_FIELDS
+    assert (created["status"], created["output"], created["usage"]) == ("in_progress", [], None)
+    assert final["id"] == created["id"] and final["status"] == "incomplete"
+    item_id = data[2]["item"]["id"]
+    assert item_id.startswith("msg_")
+    assert all((d["item_id"], d["output_index"], d["content_index"]) == (item_id, 0, 0) for d in data[3:-2])
+    text = "".join(d["delta"] for d in data[4:-4])
+    assert data[-4]["text"] == text
+    assert final["output"] == [data[-2]["item"]]
+    assert data[-2]["item"]["status"] == "incomplete"
+    assert data[-2]["item"]["content"] == [{"annotations": [], "text": text, "type": "output_text",
+                                            "logprobs": None}]
+    assert final["usage"]["output_tokens"] == 12
+
+
 async def test_messages_stream_and_its_end():
     """anthropic/serving.py:1033-1055 (message_start at the first chunk: the chat id, null
     stop fields, the prompt tokens), :1060-1082 (message_delta with stop_sequence),
@@ -458,7 +573,16 @@ async def test_the_gateway_in_front_of_sim_engine_vllm_serves_both_sdks():
         with pytest.raises(openai.NotFoundError, match="does not exist"):
             await client.chat.completions.create(model="gpt-5-codex", messages=CHAT, max_tokens=5)
         response = await client.responses.create(model=MODEL, input="hi", max_output_tokens=6)
-        assert response.output_text
+        assert response.output_text and response.status == "incomplete"
+        assert response.usage is not None and response.usage.output_tokens == 6
+        streamed = [event async for event in await client.responses.create(
+            model=MODEL, input="hi", max_output_tokens=6, stream=True)]
+        assert [e.sequence_number for e in streamed] == list(range(len(streamed)))
+        assert streamed[-1].type == "response.incomplete"
+        assert streamed[-1].response.output_text == "".join(
+            e.delta for e in streamed if e.type == "response.output_text.delta")
+        with pytest.raises(openai.NotFoundError, match="not found"):
+            await client.responses.create(model=MODEL, input="hi", previous_response_id="resp_gone")
         claude = anthropic.AsyncAnthropic(base_url=gateway.url, api_key="x", max_retries=0)
         async with claude.messages.stream(model=MODEL, max_tokens=8, messages=CHAT) as stream:
             final = await stream.get_final_message()
