@@ -157,11 +157,11 @@ RESPONSE_FIELDS = [
 async def test_a_response_is_vllms_responses_response_dump():
     """openai/responses/protocol.py:870-951 (ResponsesResponse's fields in order, `metrics`
     left out when None), :966-1031 (from_request: id = request_id, `resp_<hex>` by default,
-    :357-364; max_output_tokens the clamped sampling value, serving.py:480-490; temperature and
-    top_p SamplingParams' 1.0), :98-117 and serving.py:892-917 (usage with the per-turn lists),
+    :357-364; max_output_tokens the clamped sampling value, serving.py:429-439; temperature and
+    top_p SamplingParams' 1.0), :98-117 and serving.py:892-921 (usage with the per-turn lists),
     serving.py:1067-1085 (one `msg_` message item, status incomplete at the length limit,
     utils.py:103-107); `store` is not a field of the response; unknown `previous_response_id`
-    is a 404 (store off, serving.py:363-368, :1206-1212) where SGLang says 400."""
+    is a 404 (store off, serving.py:365-371, :1206-1212) where SGLang says 400."""
     profiles = {n: dataclasses.replace(p, context_length=64) for n, p in load_profiles().items()}
     async with start_sim_pair(vllm(profiles=profiles)) as pair, httpx.AsyncClient(timeout=10) as http:
         url = pair.urls["plain"] + "/v1/responses"
@@ -184,26 +184,28 @@ async def test_a_response_is_vllms_responses_response_dump():
     (item,) = body["output"]
     assert list(item) == ["id", "content", "role", "status", "type", "phase"]
     assert item["id"].startswith("msg_") and item["status"] == "incomplete"
-    assert item["content"][0] == {"annotations": [], "text": item["content"][0]["text"], "type": "output_text",
-                                  "logprobs": None}
+    part = item["content"][0]
+    assert part == {"annotations": [], "text": part["text"], "type": "output_text", "logprobs": None}
     assert body["usage"] == {
         "input_tokens": body["usage"]["input_tokens"],
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0, "input_tokens_per_turn": [],
                                  "cached_tokens_per_turn": []},
         "output_tokens": 6,
-        "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0, "output_tokens_per_turn": [],
-                                  "tool_output_tokens_per_turn": []},
+        "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0,
+                                  "output_tokens_per_turn": [], "tool_output_tokens_per_turn": []},
         "total_tokens": body["usage"]["input_tokens"] + 6}
     whole = clamped.json()
     assert whole["id"] == "resp_mine"
     assert whole["max_output_tokens"] == 64 - whole["usage"]["input_tokens"]
     assert previous.status_code == 404
-    assert previous.json() == {"error": {"message": "Response with id 'resp_nowhere' not found.",
-                                         "type": "invalid_request_error", "param": "response_id", "code": 404}}
+    assert previous.json() == {"error": {
+        "message": "Response with id 'resp_nowhere' not found.", "type": "invalid_request_error",
+        "param": "response_id", "code": 404}}
     assert background.status_code == 400 and background.json()["error"]["param"] == "background"
     assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "model"  # the model first
     assert missing.status_code == 400
-    assert (missing.json()["error"]["type"], missing.json()["error"]["param"]) == ("Bad Request", "body.input")
+    error = missing.json()["error"]
+    assert (error["type"], error["param"]) == ("Bad Request", "body.input")
 
 
 def sse(text: str) -> list[tuple[str, str]]:
@@ -219,7 +221,7 @@ async def test_a_responses_stream_is_vllms_simple_event_sequence():
     SDK's event models, checked here by re-dumping each with the SDK), streaming_events.py:
     835-954 (one `msg_` item at output_index 0, content_index 0, an output_text.delta per
     engine output, text.done, content_part.done, output_item.done with the item's status);
-    never [DONE]. A GenerationError mid-stream (serving.py:1406-1423) is validated as an event,
+    never [DONE]. A GenerationError mid-stream (serving.py:1405-1424) is validated as an event,
     which no StreamingResponsesResponse member (protocol.py:1052-1077) accepts: the connection
     drops."""
     types = pytest.importorskip("openai.types.responses")

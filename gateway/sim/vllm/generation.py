@@ -91,8 +91,9 @@ class VllmGeneration:
             # The Messages API is the chat handler behind a converter (anthropic/serving.py:822-852).
             "messages": VllmApi(self.parser.messages, formats.VllmMessagesRenderer, formats.messages_body,
                                 "chatcmpl-", anthropic=True, stream_optional=True),
-            "responses": VllmApi(self.parser.responses, responses.VllmResponsesRenderer, responses.response_body,
-                                 "resp_", stream_optional=True, refusal=responses.refusal),
+            "responses": VllmApi(self.parser.responses, responses.VllmResponsesRenderer,
+                                 responses.response_body, "resp_", stream_optional=True,
+                                 refusal=responses.refusal),
         }  # fmt: skip
 
     def routes(self) -> list[Route]:

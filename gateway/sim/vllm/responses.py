@@ -6,7 +6,7 @@ Paths are under ``vllm/entrypoints/openai/responses/``; docs/compat.md's vLLM se
 row. The SGLang simulator's Responses (``gateway.sim.formats.ResponsesRenderer``) is another
 engine's bytes and stays as it is.
 
-Without a parser every output's text is content (serving.py:1259-1266), so a plan's reasoning
+Without a parser every output's text is content (serving.py:1262-1267), so a plan's reasoning
 words come out as message text, as a model's raw ``<think>`` text would.
 """
 
@@ -21,7 +21,7 @@ from gateway.sim.requests import RequestError
 from gateway.sim.vllm.formats import random_uuid
 
 # protocol.py:246-330 (ResponsesRequest): the defaults a response repeats when the request
-# leaves a field out; the sampling ones are SamplingParams' (protocol.py:560-567, :587-611).
+# leaves a field out; the sampling ones are SamplingParams' (protocol.py:542-548, :587-611).
 REQUEST_DEFAULTS: dict[str, Any] = {"parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
                                     "background": False, "service_tier": "auto", "truncation": "disabled",
                                     "temperature": 1.0, "top_p": 1.0, "presence_penalty": 0.0,
@@ -60,11 +60,11 @@ def check_body(body: dict[str, Any]) -> None:
 
 
 def refusal(body: dict[str, Any]) -> RequestError | None:
-    """What serving.py:336-368 refuses after the model check, with the response store off (the
+    """What serving.py:335-371 refuses after the model check, with the response store off (the
     default, ``VLLM_ENABLE_RESPONSES_API_STORE`` unset): ``background`` with ``store`` (its
     default) is a 400 (serving.py:269-281); ``store`` alone is silently turned off
-    (serving.py:353-360); any ``previous_response_id`` is looked up in the empty store and is a
-    404 (serving.py:363-368, :1206-1212), whatever its prefix."""
+    (serving.py:355-363); any ``previous_response_id`` is looked up in the empty store and is a
+    404 (serving.py:365-371, :1206-1212), whatever its prefix."""
     if body.get("background") and body.get("store", True):
         return RequestError(STORE_NEEDED_FOR_BACKGROUND, 400, "invalid_request_error", "background")
     previous = body.get("previous_response_id")
@@ -76,13 +76,13 @@ def refusal(body: dict[str, Any]) -> RequestError | None:
 
 def effective_echo(body: dict[str, Any], max_output_tokens: int) -> dict[str, Any]:
     """The request's fields as the response repeats them, ``max_output_tokens`` the sampling
-    params' (``min(asked, max_model_len - prompt)``, serving.py:480-490, protocol.py:581-584)."""
+    params' (``min(asked, max_model_len - prompt)``, serving.py:429-439, protocol.py:581-584)."""
     echo = {key: body.get(key) for key in ECHOED}
     for key, default in REQUEST_DEFAULTS.items():
         if echo[key] is None:
             echo[key] = default
     for key in SAMPLING_NUMBERS:
-        echo[key] = float(echo[key])  # the response's fields are floats
+        echo[key] = float(echo[key] or 0)  # the response's fields are floats
     echo["max_output_tokens"] = max_output_tokens
     include = body.get("include") or []
     # SamplingParams.logprobs: top_logprobs only when output logprobs are included (protocol.py:635)
@@ -96,7 +96,7 @@ def item_status(reason: str) -> str:
 
 
 def usage(prompt: int, output: int) -> dict[str, Any]:
-    """ResponseUsage (protocol.py:98-117) as serving.py:892-917 fills it for SimpleContext: no
+    """ResponseUsage (protocol.py:98-117) as serving.py:892-921 fills it for SimpleContext: no
     per-turn metrics (context.py:208-209), nothing cached or reasoned counted."""
     return {"input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0, "input_tokens_per_turn": [],
@@ -226,7 +226,7 @@ class VllmResponsesRenderer(Renderer):
         return events + [self._event(f"response.{status}", {"response": final})]
 
     def abort(self, status: int, message: str) -> list[bytes]:
-        """A GenerationError in the stream (serving.py:1406-1423): its ErrorResponse JSON is
+        """A GenerationError in the stream (serving.py:1405-1424): its ErrorResponse JSON is
         validated as a stream event, which none of StreamingResponsesResponse's members
         (protocol.py:1052-1077) accepts, so the generator raises and the connection drops
         with no terminal event."""
