@@ -270,12 +270,17 @@ class Turns(_Frozen):
     min_accept_length: float = Field(1.2, ge=0)  # after a resume into MTP (0: no check)
     stuck_retry_s: float = Field(5.0, gt=0)  # a stuck pair is discovered again this often
     # When to hand over (gateway/turns/decision.py), with the routing's crossover, hysteresis
-    # and min_dwell_s: a turn's cost until one is measured, the dwell in turns' costs, and how
-    # long the load must stand on the other side first.
+    # and min_dwell_s: a turn's cost until one is measured, the dwell in turns' costs, how
+    # long the load must stand on the other side first, and what the holder must have forgone
+    # there first: payback_turns times what the sessions at work pay for their contexts on the
+    # incoming server, at gain_per_crossover of the machine's output for each crossover's
+    # worth of distance past the crossover (0: turn at once).
     turn_cost_s: float = Field(1.5, ge=0)
     dwell_turns: float = Field(10.0, ge=0)
     to_plain_after_s: float = Field(0.0, ge=0)
     to_mtp_after_s: float = Field(5.0, ge=0)
+    payback_turns: float = Field(1.0, ge=0)
+    gain_per_crossover: float = Field(0.5, gt=0)
     # Each server keeps its prefix cache in its own HiCache L3 store (SGLang's
     # --enable-hierarchical-cache, write_through, an L3 namespace each: docs/turns.md): a turn
     # then costs the sessions at work what the incoming server's store lacks, prefilled, and

@@ -46,6 +46,7 @@ from gateway.bench.workloads import WORKLOADS, Outcome, Send, Workload, make_wor
 from gateway.config import ConfigError, Routing, build_routing
 from gateway.sim.memory import DEFAULT_HARDWARE, HARDWARE
 from gateway.sim.speed import add_speed_argument
+from gateway.turns.decision import TurnRules
 
 # Open loop with a rate and no bound: bench_serving's --num-prompts default (sglang 0.5.23
 # wheel: sglang/benchmark/serving.py:2394-2397).
@@ -111,6 +112,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--turns-crossover", type=int, metavar="N",
                      help="the load at which the turns hand the memory to plain (default: "
                           "calibrated on the workload: where plain alone overtakes MTP alone)")
+    sim.add_argument("--turns-payback", type=float, metavar="TURNS", default=TurnRules().payback_turns,
+                     help="a turn waits until the holder has forgone this many times its cost "
+                          "(turns.payback_turns; default %(default)s; 0: turn as soon as the load "
+                          "crosses, the rule before it)")
     sim.add_argument("--schedule", metavar="C:SECONDS,...",
                      help="one run whose load changes: C clients for SECONDS, then the next "
                           "(e.g. 4:600,64:600,16:600,128:600,2:600); replaces --concurrency")
@@ -244,6 +249,7 @@ def _run_sim(args: argparse.Namespace,
             "carry_learning": args.carry_learning, "memory": args.memory,
             "turn_cost_s": args.turn_cost, "turn_cost_to_s": _turn_costs_to(targets),
             "turns_crossover": _crossovers(targets, args, routing),
+            "turns_gain_per_crossover": _gains(targets, args, routing),
             "turns": {name: [len(level) for level in levels] for name, levels in turn_log.items()}}
     return results, meta
 
@@ -271,6 +277,7 @@ def _targets(args: argparse.Namespace, pair: Any) -> list[Any]:
     store_gb = args.turns_store_gb
     built = [build_targets(names, args.hardware, pair,
                            turn=TurnModel(cost_s=cost, crossover=args.turns_crossover,
+                                          payback_turns=args.turns_payback,
                                           store=args.turns_store,
                                           l3_capacity_bytes=None if store_gb is None else store_gb * 1e9))
              for cost in costs]
@@ -296,13 +303,22 @@ def _turn_cost_said(targets: list[Any], args: argparse.Namespace) -> str:
     return f"{args.turn_cost} s{own}"
 
 
-def _crossovers(targets: list[Any], args: argparse.Namespace, routing: Routing) -> dict[str, int]:
-    from gateway.bench.targets import turns_crossover
+def _calibrations(targets: list[Any], args: argparse.Namespace, routing: Routing) -> dict[str, Any]:
+    """Each turns target's crossover and plain's gain past it, as its turns decide on them."""
+    from gateway.bench.targets import turns_calibration
 
     factory = lambda: make_workload(args.workload, args.seed, args.max_tokens)  # noqa: E731
-    return {t.name: turns_crossover(t, factory, routing, seed=args.seed,
-                                    workload_key=(args.workload, args.max_tokens))
+    return {t.name: turns_calibration(t, factory, routing, seed=args.seed,
+                                      workload_key=(args.workload, args.max_tokens))
             for t in targets if t.turns is not None}
+
+
+def _crossovers(targets: list[Any], args: argparse.Namespace, routing: Routing) -> dict[str, int]:
+    return {name: c.crossover for name, c in _calibrations(targets, args, routing).items()}
+
+
+def _gains(targets: list[Any], args: argparse.Namespace, routing: Routing) -> dict[str, float]:
+    return {name: round(c.gain_per_crossover, 3) for name, c in _calibrations(targets, args, routing).items()}
 
 
 def _run_schedule(args: argparse.Namespace) -> int:
@@ -326,7 +342,8 @@ def _run_schedule(args: argparse.Namespace) -> int:
     progress.finish()
     print(f"## bench: {args.workload} workload, schedule {args.schedule}, virtual time\n")
     print(f"Hardware: {HARDWARE[args.hardware].label}; turns crossover "
-          f"{_crossovers(targets, args, routing) or '–'}; turn cost {_turn_cost_said(targets, args)}.\n")
+          f"{_crossovers(targets, args, routing) or '–'} (plain's gain per crossover past it "
+          f"{_gains(targets, args, routing) or '–'}); turn cost {_turn_cost_said(targets, args)}.\n")
     print(schedule.markdown(results, phases))
     if args.json:
         Path(args.json).write_text(json.dumps({
@@ -335,6 +352,7 @@ def _run_schedule(args: argparse.Namespace) -> int:
                      "hardware": HARDWARE[args.hardware].label, "turn_cost_s": args.turn_cost,
                      "turn_cost_to_s": _turn_costs_to(targets),
                      "turns_crossover": _crossovers(targets, args, routing),
+                     "turns_gain_per_crossover": _gains(targets, args, routing),
                      "routing": routing.model_dump(mode="json")},
             "results": [r.to_dict() for r in results]}, indent=2) + "\n", encoding="utf-8")
     return 0
@@ -537,7 +555,7 @@ def _open_meta(args: argparse.Namespace, name: str, runs: list[OpenLoop]) -> dic
 
 def _run_open_sim(args: argparse.Namespace, workload: Workload, runs: list[OpenLoop], name: str,
                   ) -> tuple[dict[str, list[OpenLoopResult]], dict[str, Any]]:
-    from gateway.bench.targets import caps, run_target_open, turns_crossover
+    from gateway.bench.targets import caps, run_target_open, turns_calibration
     from gateway.config import load_settings
     from gateway.sim.profile import load_profiles
 
@@ -553,7 +571,8 @@ def _run_open_sim(args: argparse.Namespace, workload: Workload, runs: list[OpenL
                               progress=lambda _: progress.advance(), workload_key=key, turn_log=turn_log)
     progress.finish()
     closed = closed_loop(workload)
-    crossovers = {t.name: turns_crossover(t, lambda: closed, routing, seed=args.seed, workload_key=key)
+    crossovers = {t.name: turns_calibration(t, lambda: closed, routing, seed=args.seed,
+                                            workload_key=key).crossover
                   for t in targets if t.turns is not None}
     return results, {
         "mode": "virtual time (simulator, no HTTP)", "routing": routing.model_dump(mode="json"),

@@ -17,14 +17,13 @@ from dataclasses import dataclass, field
 
 from gateway.bench.report import is_pair
 from gateway.bench.stats import LevelResult, summarise
-from gateway.bench.targets import SimTarget, turns_crossover
+from gateway.bench.targets import SimTarget, deciding, turns_calibration
 from gateway.bench.turns_virtual import (
     Phase,
     TurnRecord,
     phase_windows,
     run_virtual,
     tokens_within,
-    turns_routing,
 )
 from gateway.bench.virtual import routing_for
 from gateway.bench.workloads import Workload
@@ -52,11 +51,11 @@ def run_schedule(workload_factory: Callable[[], Workload], phases: Sequence[Phas
     results = []
     for target in targets:
         if target.turns is not None:
-            crossover = turns_crossover(target, workload_factory, routing, seed=seed,
-                                        workload_key=workload_key)
+            calibration = turns_calibration(target, workload_factory, routing, seed=seed,
+                                            workload_key=workload_key)
+            turns, decide_on = deciding(target, calibration, routing)
             run = run_virtual(workload_factory(), routing, target.profiles, phases=phases,
-                              turns=target.turns, turns_routing=turns_routing(routing, crossover),
-                              seed=seed)
+                              turns=turns, turns_routing=decide_on, seed=seed)
         else:
             run = run_virtual(workload_factory(), routing_for(target.policy, routing), target.profiles,
                               phases=phases, seed=seed)

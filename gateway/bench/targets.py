@@ -43,6 +43,7 @@ from gateway.bench.arrivals import OpenLoop
 from gateway.bench.levels import LevelPlan
 from gateway.bench.stats import LevelResult, OpenLoopResult, summarise, summarise_open
 from gateway.bench.turns_virtual import (
+    Calibration,
     RunResult,
     TurnModel,
     TurnRecord,
@@ -58,6 +59,7 @@ from gateway.sim import memory
 from gateway.sim.profile import Profile, adaptive_timing, packaged_timings, pair_profiles, single_profile
 from gateway.sim.vllm import profiles as vllm_profiles
 from gateway.sim.vllm import sleep as vllm_sleep
+from gateway.turns.decision import GAIN_PER_CROSSOVER
 
 SINGLE_TARGETS = ("single-plain", "single-mtp", "single-adaptive")
 TUNED_TARGETS = ("single-mtp-tuned", "single-adaptive-tuned")
@@ -190,15 +192,17 @@ def build_targets(names: Sequence[str], hardware: str = memory.DEFAULT_HARDWARE,
     return [makers[n]() for n in names]
 
 
-def vllm_turn(hardware: str, crossover: int | None = None) -> TurnModel:
+def vllm_turn(hardware: str, crossover: int | None = None,
+              payback_turns: float = TurnModel.payback_turns) -> TurnModel:
     """How the vLLM turns pair hands over: the outgoing server's level-1 sleep and the incoming
     one's wake, as the simulated vLLM server costs them; running streams finish first within
-    turns.finish_within_s and are ended past it; no store."""
+    turns.finish_within_s and are ended past it; no store. ``crossover`` and ``payback_turns``:
+    the decision's, as for the SGLang pair."""
     costs = vllm_sleep.costs(hardware)  # (sleep, wake) of each server
     return TurnModel(cost_to=(("plain", costs["mtp"][0] + costs["plain"][1]),
                               ("mtp", costs["plain"][0] + costs["mtp"][1])),
                      running="finish", finish_bound_s=Turns().finish_within_s, past_bound="end",
-                     store="none", crossover=crossover)
+                     store="none", crossover=crossover, payback_turns=payback_turns)
 
 
 def _vllm_makers(hardware: str, timings: Mapping[str, Profile],
@@ -217,10 +221,10 @@ def _vllm_makers(hardware: str, timings: Mapping[str, Profile],
                                        vllm_profiles.pair(hardware, timings=timings)),
         "vllm-pair-turns": lambda: SimTarget("vllm-pair-turns", "crossover",
                                              vllm_profiles.turns_pair(hardware, timings=timings),
-                                             vllm_turn(hardware, turn.crossover)),
+                                             vllm_turn(hardware, turn.crossover, turn.payback_turns)),
         "vllm-pair-turns-k2": lambda: SimTarget("vllm-pair-turns-k2", "crossover",
                                                 vllm_profiles.turns_pair(hardware, 2, timings),
-                                                vllm_turn(hardware, turn.crossover)),
+                                                vllm_turn(hardware, turn.crossover, turn.payback_turns)),
         "vllm-plain": beside("vllm-plain", "plain-only", "plain",
                              lambda: vllm_profiles.single("plain", hardware, timings=timings)),
         "vllm-mtp": beside("vllm-mtp", "mtp-only", "mtp", mtp(vllm_profiles.RECIPE_K)),
@@ -247,10 +251,10 @@ def run_target_sweep(workload_factory: Callable[[], Workload], plans: Sequence[L
         for target in targets:
             learned = estimators[target.name] if carry_learning else None
             if target.turns is not None:
-                decide_on = turns_routing(routing, turns_crossover(
-                    target, workload_factory, routing, seed=seed, workload_key=workload_key))
+                turns, decide_on = deciding(target, turns_calibration(
+                    target, workload_factory, routing, seed=seed, workload_key=workload_key), routing)
                 run = run_virtual(workload_factory(), routing, target.profiles, plan=plan,
-                                  turns=target.turns, turns_routing=decide_on,
+                                  turns=turns, turns_routing=decide_on,
                                   shared_device=shared_device, seed=seed)
                 records, wall = run.records, run.wall_s
                 if turn_log is not None:
@@ -275,9 +279,9 @@ def run_open(target: SimTarget, workload: Workload, arrivals: OpenLoop, routing:
     crossover calibrated, closed-loop, on ``workload_factory``'s workload)."""
     if target.turns is not None:
         factory = workload_factory or (lambda: workload)
-        decide_on = turns_routing(routing, turns_crossover(target, factory, routing, seed=seed,
-                                                           workload_key=workload_key))
-        return run_virtual(workload, routing, target.profiles, arrivals=arrivals, turns=target.turns,
+        turns, decide_on = deciding(target, turns_calibration(target, factory, routing, seed=seed,
+                                                              workload_key=workload_key), routing)
+        return run_virtual(workload, routing, target.profiles, arrivals=arrivals, turns=turns,
                            turns_routing=decide_on, shared_device=shared_device, seed=seed,
                            log_requests=log_requests)
     return run_virtual(workload, routing_for(target.policy, routing), target.profiles, arrivals=arrivals,
@@ -304,16 +308,28 @@ def run_target_open(workload_factory: Callable[[], Workload], runs: Sequence[Ope
     return results
 
 
-def turns_crossover(target: SimTarget, workload_factory: Callable[[], Workload], routing: Routing, *,
-                    seed: int = 0, workload_key: object = None) -> int:
-    """The crossover a turns target decides on: its own, else calibrated on the workload."""
-    assert target.turns is not None
-    if target.turns.crossover is not None:
-        return target.turns.crossover
+def turns_calibration(target: SimTarget, workload_factory: Callable[[], Workload], routing: Routing, *,
+                      seed: int = 0, workload_key: object = None) -> Calibration:
+    """The crossover and gain a turns target decides on: its own, else calibrated on the
+    workload."""
+    turns = target.turns
+    assert turns is not None
+    if turns.crossover is not None:
+        return Calibration(turns.crossover, turns.gain_per_crossover or GAIN_PER_CROSSOVER)
     profiles = target.profiles
     key = None if workload_key is None else (
         workload_key, seed, tuple(sorted((n, p) for n, p in profiles.items())))
-    return calibrate_crossover(workload_factory, profiles, routing, seed=seed, key=key)
+    calibration = calibrate_crossover(workload_factory, profiles, routing, seed=seed, key=key)
+    if turns.gain_per_crossover is not None:
+        return dataclasses.replace(calibration, gain_per_crossover=turns.gain_per_crossover)
+    return calibration
+
+
+def deciding(target: SimTarget, calibration: Calibration, routing: Routing) -> tuple[TurnModel, Routing]:
+    """A turns target's turn model and the routing its turns decide on, as calibrated."""
+    assert target.turns is not None
+    return (dataclasses.replace(target.turns, gain_per_crossover=calibration.gain_per_crossover),
+            turns_routing(routing, calibration.crossover))
 
 
 def caps(targets: Sequence[SimTarget]) -> dict[str, dict[str, int]]:

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -76,13 +77,16 @@ from gateway.sim.hicache import L3_WRITE_BYTES_PER_S, StoreSpec, store_spec
 from gateway.sim.profile import Profile
 from gateway.sim.virtual import RequestLog, VirtualSim
 from gateway.turns.decision import (
+    GAIN_PER_CROSSOVER,
     NEVER,
+    Across,
     CarriedCost,
     Holding,
     LoadSignal,
     TurnRules,
     carried_cost,
     decide_turn,
+    measured_gain_per_crossover,
     wanted,
 )
 
@@ -106,6 +110,11 @@ class TurnModel:
     cost_to: tuple[tuple[Role, float], ...] = ()
     crossover: int | None = None  # in the load signal's unit; None: calibrated per workload
     first_holder: Role = "mtp"
+    # the turn must repay this many times its cost first (gateway/turns/decision.py); 0: the
+    # rule before it, a turn as soon as the load crosses
+    payback_turns: float = TurnRules().payback_turns
+    # how fast plain pulls ahead past the crossover; None: calibrated with the crossover
+    gain_per_crossover: float | None = None
     # each server's HiCache L3 namespace; none by default, as the deploy files run: on agent
     # days it bought nothing (lab/results/turns-store/turns.md)
     store: Literal["own", "shared", "none"] = "none"
@@ -132,7 +141,9 @@ class TurnModel:
     def rules(self, routing: Routing) -> TurnRules:
         return TurnRules(turn_cost_s=max((cost for _, cost in self.cost_to), default=self.cost_s),
                          min_dwell_s=routing.min_dwell_s,
-                         prefill_tokens_per_s=routing.prefill_tokens_per_s)
+                         prefill_tokens_per_s=routing.prefill_tokens_per_s,
+                         payback_turns=self.payback_turns,
+                         gain_per_crossover=self.gain_per_crossover or GAIN_PER_CROSSOVER)
 
 
 @dataclass
@@ -336,7 +347,7 @@ class TurnsController:
     model: TurnModel
     holder: Role = "mtp"
     since: float = NEVER
-    across_since: float | None = None
+    across: Across | None = None
     turning: TurnRecord | None = None
     turns: list[TurnRecord] = field(default_factory=list)
     waiting: deque[_Waiting] = field(default_factory=deque)
@@ -430,24 +441,26 @@ class TurnsController:
         # what the turn would cost matters only once the load stands on the other side
         across = wanted(self.holder, load) != self.holder
         cost = self._carried_now(self._other()) if across else CarriedCost(0, 0.0)
-        decision = decide_turn(Holding(self.holder, self.since, self.across_since), load, self.rules, now,
+        decision = decide_turn(Holding(self.holder, self.since, self.across), load, self.rules, now,
                                cached_tokens=cost.prefill_tokens, continued_tokens=continued,
                                load_s=cost.load_s)
-        self.across_since = decision.across_since
+        self.across = decision.across
         if decision.turn and decision.to is not None:
             self._begin_turn(decision.to, decision.reason)
-        elif decision.reason in ("confirming", "dwell"):
+        elif decision.reason in ("confirming", "paying_back", "dwell"):
             self._recheck(decision.reason, cost, continued)
 
     def _recheck(self, reason: str, cost: CarriedCost, continued: int) -> None:
         """Look again when the answer could change without any request arriving or ending."""
-        assert self.across_since is not None
+        assert self.across is not None
         to_mtp = self.holder == "plain"
         if reason == "confirming":
-            at = self.across_since + (self.rules.to_mtp_after_s if to_mtp else self.rules.to_plain_after_s)
+            at = self.across.since + (self.rules.to_mtp_after_s if to_mtp else self.rules.to_plain_after_s)
+        elif reason == "paying_back":
+            at = self.across.repaid_at(self.rules.price(cost.prefill_tokens, cost.load_s))
         else:
             at = self.since + self.rules.dwell(cost.prefill_tokens, continued, cost.load_s)
-        if at <= self.sim.now or (self._timer_at is not None and self._timer_at <= at):
+        if at <= self.sim.now or at == math.inf or (self._timer_at is not None and self._timer_at <= at):
             return
         self._timer_at = at
 
@@ -537,7 +550,7 @@ class TurnsController:
         turn = self.turning
         assert turn is not None
         self.sim.unpark(turn.to)
-        self.holder, self.since, self.across_since = turn.to, self.sim.now, None
+        self.holder, self.since, self.across = turn.to, self.sim.now, None
         turn.settled_at = self.sim.now
         self.turning = None
         while self.waiting:
@@ -623,24 +636,38 @@ def tokens_within(records: Sequence[RequestRecord], t0: float, t1: float) -> flo
 
 CALIBRATION_LEVELS = (4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 56, 64, 80, 96, 128)
 CALIBRATION_PLAN_S = (100.0, 30.0)  # steady: duration, warm-up
-_calibrated: dict[tuple[object, ...], int] = {}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the turns decide on, measured on the workload: the crossover, and how fast plain
+    pulls ahead past it (``TurnRules.gain_per_crossover``, measured at about twice it)."""
+
+    crossover: int
+    gain_per_crossover: float = GAIN_PER_CROSSOVER
+
+
+_calibrated: dict[tuple[object, ...], Calibration] = {}
 
 
 def calibrate_crossover(workload_factory: Callable[[], Workload], profiles: Mapping[str, Profile],
                         routing: Routing, *, seed: int = 0, key: tuple[object, ...] | None = None,
-                        levels: Sequence[int] = CALIBRATION_LEVELS) -> int:
+                        levels: Sequence[int] = CALIBRATION_LEVELS) -> Calibration:
     """The load (in clients: requests in flight, or sessions at work for session traffic) from
     which the pair's plain server alone makes at least the aggregate tok/s of its MTP server
     alone, each owning the GPUs: what ``mtp-gateway calibrate`` measures on a user's own
     servers and traffic. Found by bisection over ``levels`` (one crossing assumed); the last
-    level + 1 when MTP is never overtaken. ``key`` memoises it for one process."""
+    level + 1 when MTP is never overtaken. Then plain's gain at the level of ``levels``
+    nearest twice the crossover (:func:`gateway.turns.decision.measured_gain_per_crossover`).
+    ``key`` memoises it for one process."""
     from gateway.bench.virtual import run_virtual_level
 
     if key is not None and key in _calibrated:
         return _calibrated[key]
     duration, warmup = CALIBRATION_PLAN_S
 
-    def plain_wins(c: int) -> bool:
+    @functools.cache
+    def aggregates(c: int) -> tuple[float, float]:
         plan = LevelPlan(c, None, duration, warmup)
         aggregate = {}
         for policy in ("mtp-only", "plain-only"):
@@ -648,7 +675,11 @@ def calibrate_crossover(workload_factory: Callable[[], Workload], profiles: Mapp
                                               routing.model_copy(update={"policy": policy}),
                                               profiles, seed=seed)
             aggregate[policy] = summarise(policy, c, records, wall, plan.window).aggregate_tps
-        return aggregate["plain-only"] >= aggregate["mtp-only"]
+        return aggregate["plain-only"], aggregate["mtp-only"]
+
+    def plain_wins(c: int) -> bool:
+        plain, mtp = aggregates(c)
+        return plain >= mtp
 
     low, high = 0, len(levels)  # answer: the first index where plain wins (high: none)
     while low < high:
@@ -657,10 +688,15 @@ def calibrate_crossover(workload_factory: Callable[[], Workload], profiles: Mapp
             high = mid
         else:
             low = mid + 1
-    crossover = levels[low] if low < len(levels) else levels[-1] + 1
+    if low < len(levels):
+        crossover = levels[low]
+        past = min(levels[low:], key=lambda c: abs(c - 2 * crossover))
+        calibration = Calibration(crossover, measured_gain_per_crossover(past, crossover, *aggregates(past)))
+    else:
+        calibration = Calibration(levels[-1] + 1)
     if key is not None:
-        _calibrated[key] = crossover
-    return crossover
+        _calibrated[key] = calibration
+    return calibration
 
 
 def turns_routing(routing: Routing, crossover: int) -> Routing:

@@ -9,13 +9,15 @@ from collections import OrderedDict
 class SessionActivity:
     """One pair's sessions at work: requests in flight per session, and when each idle
     session's last request ended (oldest first), for the `sessions` load signal; and each
-    such session's last prompt, the prefix cache a turn throws away (`reusable_context`)."""
+    such session's last prompt, the prefix cache a turn throws away (`reusable_context`)
+    once one of its requests has ended."""
 
     def __init__(self) -> None:
         self.in_flight: dict[str, int] = {}
         self.idle_since: OrderedDict[str, float] = OrderedDict()
         self.requests = 0  # requests in flight that name a session
         self.last_prompt: dict[str, int] = {}  # tokens, of the sessions in flight or idle
+        self.served: set[str] = set()  # of those, the ones with a request ended: a cached context
 
     def begin(self, session: str | None, now: float, idle_s: float,
               prompt_tokens: int = 0) -> None:
@@ -36,6 +38,7 @@ class SessionActivity:
             self.in_flight[session] = left
             return
         del self.in_flight[session]
+        self.served.add(session)
         self.idle_since[session] = now
         self._forget_idle(now, idle_s)
 
@@ -56,14 +59,17 @@ class SessionActivity:
 
     def reusable_context(self, now: float, idle_s: float) -> int:
         """The prefix cache the traffic would reuse, in tokens: the last prompt of every session
-        at work (in flight, or idle at most `idle_s`: its next request extends that prompt).
-        One-off prompts are never hit again and count nothing. A read, as `at_work`."""
-        return sum(self.last_prompt[s] for s in self.working(now, idle_s))
+        at work (in flight, or idle at most `idle_s`: its next request extends that prompt)
+        that has had a request end (a session's first request has nothing cached yet: a
+        turn now continues it, and a cold start has no context to lose). One-off prompts are
+        never hit again and count nothing. A read, as `at_work`."""
+        return sum(self.last_prompt[s] for s in self.working(now, idle_s) if s in self.served)
 
     def _forget_idle(self, now: float, idle_s: float) -> None:
         while self.idle_since and now - next(iter(self.idle_since.values())) > idle_s:
             session, _ = self.idle_since.popitem(last=False)
             self.last_prompt.pop(session, None)
+            self.served.discard(session)
 
 
 class SessionMap:

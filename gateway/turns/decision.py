@@ -2,10 +2,10 @@
 
 A pure function of the pair's state: no clock (``now`` is passed in), no I/O. The caller (the
 turns controller live, ``gateway.bench.turns_virtual`` in virtual time) owns the state, asks
-between turns only (never while one is in progress), and keeps ``TurnDecision.across_since``
-for the next call.
+between turns only (never while one is in progress), and keeps ``TurnDecision.across`` for
+the next call.
 
-    decision = decide_turn(Holding(holder="mtp", since=t0, across_since=None),
+    decision = decide_turn(Holding(holder="mtp", since=t0, across=None),
                            LoadSignal(level, crossover, band),   # routing.policy.load_against_crossover
                            TurnRules(turn_cost_s=1.5), now,
                            cached_tokens=..., continued_tokens=...)
@@ -16,17 +16,32 @@ The rule:
   inside the band the holder keeps the memory (hysteresis);
 - the load must have stood on the other side for ``to_plain_after_s`` / ``to_mtp_after_s``
   (a burst of sub-agent requests is not a change of load);
+- **the turn must repay the caches it throws away** (:meth:`TurnRules.price`): while the
+  load stands on the other side the holder forgoes what the other server would add, a
+  fraction :meth:`TurnRules.gain` of the machine's output a second (``gain_per_crossover``
+  for each crossover's worth of distance from the crossover), and the pair turns once it has
+  forgone ``payback_turns`` times what the sessions at work would pay for their contexts on
+  the incoming server (prefilled again, or loaded from a store). A deterministic ski rental:
+  rent (keep the holder) until the rent paid equals the price of buying (the turn), which
+  never pays more than twice the best choice made in hindsight, whether the load then stays
+  or goes back. Short prompts and new sessions have no warm context to lose, so their turn
+  comes as soon as the load crosses; tens of agent sessions' contexts (a minute of prefill)
+  only if the load stays across long enough to repay them. The turn's own seconds and the
+  streams it continues are not in the price: every turn pays them, and the dwell below
+  already keeps them to a tenth of the time;
 - the holder keeps the memory at least its *dwell*: ``min_dwell_s``, and at least
   ``dwell_turns`` times what a turn costs, so turns never take more than about
-  ``1 / dwell_turns`` of the time however the load swings. A turn costs its own pause, release,
-  resume and continue (``turn_cost_s``), the re-prefill of the streams continued on the
-  incoming server (``continued_tokens``), and what the sessions at work pay on the incoming
-  server for their contexts (``cached_tokens`` at ``prefill_tokens_per_s``, and ``load_s``).
-  Without a store the release flushes the outgoing server's prefix cache and the incoming
-  server prefills every context (``cached_tokens``: all of it). With each server keeping its
-  own L3 store (SGLang's HiCache, gateway/sim/hicache.py) the incoming server prefills only
-  what its store lacks and loads the rest: :func:`carried_cost` gives both. A server holding a
-  large warm cache (agentic sessions) therefore holds longer.
+  ``1 / dwell_turns`` of the time however the load swings.
+
+A turn costs its own pause, release, resume and continue (``turn_cost_s``), the re-prefill of
+the streams continued on the incoming server (``continued_tokens``), and what the sessions at
+work pay on the incoming server for their contexts (``cached_tokens`` at
+``prefill_tokens_per_s``, and ``load_s``). Without a store the release flushes the outgoing
+server's prefix cache and the incoming server prefills every context (``cached_tokens``: all
+of it). With each server keeping its own L3 store (SGLang's HiCache, gateway/sim/hicache.py)
+the incoming server prefills only what its store lacks and loads the rest:
+:func:`carried_cost` gives both. A server holding a large warm cache (agentic sessions)
+therefore holds longer.
 """
 
 from __future__ import annotations
@@ -41,11 +56,16 @@ from gateway.config import Role
 TurnReason = Literal[
     "holder_fits",  # the load is on the holder's side (or inside the band)
     "confirming",  # on the other side, not yet for long enough
+    "paying_back",  # on the other side, not yet long enough to repay what the turn costs
     "dwell",  # the holder has not held the memory long enough for another turn to pay
     "load_above_crossover",  # hand over to plain
     "load_below_crossover",  # hand over to MTP
 ]
 NEVER = -math.inf  # `since` of a pair that has never turned: the first turn needs no dwell
+# What the other server adds across the crossover, a fraction of the machine's output for each
+# crossover's worth of distance, until calibrate measures it: the seed's tradeoff (MTP 32 %
+# behind plain at 64 requests, about twice its crossover) puts plain 1 / 0.68 - 1 = 0.47 ahead.
+GAIN_PER_CROSSOVER = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,21 +76,51 @@ class TurnRules:
     to_plain_after_s: float = 0.0  # throughput must not wait for a saturated MTP server
     to_mtp_after_s: float = 5.0
     prefill_tokens_per_s: float = 16_000.0  # what a thrown-away or re-sent token costs
+    gain_per_crossover: float = GAIN_PER_CROSSOVER
+    payback_turns: float = 1.0  # forgo this many times the caches a turn loses (0: turn at once)
 
     def __post_init__(self) -> None:
         values = (self.turn_cost_s, self.dwell_turns, self.min_dwell_s, self.to_plain_after_s,
-                  self.to_mtp_after_s)
-        if any(v < 0 for v in values) or self.prefill_tokens_per_s <= 0:
-            raise ValueError("turn rules take non-negative times and a positive prefill rate")
+                  self.to_mtp_after_s, self.payback_turns)
+        if any(v < 0 for v in values) or self.prefill_tokens_per_s <= 0 or self.gain_per_crossover <= 0:
+            raise ValueError("turn rules take non-negative times and a positive prefill rate and gain")
 
     def turn_cost(self, cached_tokens: int = 0, continued_tokens: int = 0, load_s: float = 0.0) -> float:
         """Seconds a turn costs the pair now: the turn itself, the tokens it makes the
         incoming server compute again, and the seconds it loads stored contexts."""
         return self.turn_cost_s + (cached_tokens + continued_tokens) / self.prefill_tokens_per_s + load_s
 
+    def price(self, cached_tokens: int = 0, load_s: float = 0.0) -> float:
+        """Seconds of the machine's output the holder must have forgone before a turn: what
+        the sessions at work pay for their contexts on the incoming server, payback_turns
+        times."""
+        return self.payback_turns * (cached_tokens / self.prefill_tokens_per_s + load_s)
+
+    def gain(self, to: Role, load: LoadSignal) -> float:
+        """The fraction of the machine's output that ``to`` would add over the holder at this
+        load (the load stands on ``to``'s side): ``gain_per_crossover`` for each crossover's
+        worth of distance past it (:func:`distance_past`); at most 1 (the other server twice
+        as fast)."""
+        return min(1.0, self.gain_per_crossover * distance_past(to, load.level, load.crossover))
+
     def dwell(self, cached_tokens: int = 0, continued_tokens: int = 0, load_s: float = 0.0) -> float:
         cost = self.turn_cost(cached_tokens, continued_tokens, load_s)
         return max(self.min_dwell_s, self.dwell_turns * cost)
+
+
+def distance_past(to: Role, level: float, crossover: float) -> float:
+    """How far past the crossover a load stands on ``to``'s side, in crossovers; a level at
+    the crossover counts as one request past (plain takes the crossover itself)."""
+    past = level - crossover + 1 if to == "plain" else crossover - level
+    return max(past, 1.0) / max(crossover, 1.0)
+
+
+def measured_gain_per_crossover(level: int, crossover: int, plain_tps: float, mtp_tps: float) -> float:
+    """``gain_per_crossover`` from one measured level past the crossover: plain's aggregate
+    over MTP's there, less one, per crossover's worth of distance (what ``calibrate``
+    writes). At least a tenth of the default, so a turn can always pay back."""
+    gain = plain_tps / mtp_tps - 1 if mtp_tps > 0 else 1.0
+    return max(GAIN_PER_CROSSOVER / 10, gain / distance_past("plain", level, crossover))
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,13 +145,33 @@ def carried_cost(contexts: Mapping[str, int], stored: Mapping[str, int],
 
 
 @dataclass(frozen=True, slots=True)
+class Across:
+    """The load has stood on the other server's side since ``since``; by ``at`` the holder had
+    forgone ``forgone_s`` seconds of the machine's output, and it forgoes ``gain`` of it a
+    second since (the gain at the load as of ``at``)."""
+
+    since: float
+    at: float
+    forgone_s: float = 0.0
+    gain: float = 0.0
+
+    def forgone(self, now: float) -> float:
+        return self.forgone_s + self.gain * max(0.0, now - self.at)
+
+    def repaid_at(self, cost_s: float) -> float:
+        """When the holder will have forgone ``cost_s`` if the load stays where it is."""
+        owed = cost_s - self.forgone_s
+        return self.at if owed <= 0 else self.at + owed / self.gain if self.gain > 0 else math.inf
+
+
+@dataclass(frozen=True, slots=True)
 class Holding:
-    """Who holds the memory, since when (NEVER: since the start), and since when the load has
-    stood on the other server's side (None: it does not)."""
+    """Who holds the memory, since when (NEVER: since the start), and how long and how much the
+    load has stood on the other server's side (None: it does not)."""
 
     holder: Role
     since: float = NEVER
-    across_since: float | None = None
+    across: Across | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +189,7 @@ class TurnDecision:
     turn: bool
     to: Role | None  # the incoming server when turn
     reason: TurnReason
-    across_since: float | None  # keep it in Holding for the next call
+    across: Across | None  # keep it in Holding for the next call
 
 
 def wanted(holder: Role, load: LoadSignal) -> Role:
@@ -143,10 +213,14 @@ def decide_turn(memory: Holding, load: LoadSignal, rules: TurnRules, now: float,
     to = wanted(memory.holder, load)
     if to == memory.holder:
         return TurnDecision(False, None, "holder_fits", None)
-    across = memory.across_since if memory.across_since is not None else now
+    before = memory.across
+    across = Across(since=before.since if before else now, at=now,
+                    forgone_s=before.forgone(now) if before else 0.0, gain=rules.gain(to, load))
     confirm = rules.to_plain_after_s if to == "plain" else rules.to_mtp_after_s
-    if now - across < confirm:
+    if now - across.since < confirm:
         return TurnDecision(False, None, "confirming", across)
+    if across.forgone_s < rules.price(cached_tokens, load_s):
+        return TurnDecision(False, None, "paying_back", across)
     if now - memory.since < rules.dwell(cached_tokens, continued_tokens, load_s):
         return TurnDecision(False, None, "dwell", across)
     reason: TurnReason = "load_above_crossover" if to == "plain" else "load_below_crossover"

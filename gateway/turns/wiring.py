@@ -18,6 +18,7 @@ from gateway.routing.pool import PairState, Pool
 from gateway.turns.auto import AutoShape
 from gateway.turns.decision import (
     NEVER,
+    Across,
     CarriedCost,
     Holding,
     LoadSignal,
@@ -56,7 +57,7 @@ class LoadWish:
         self.pool, self.pair, self.turns, self.waiting = pool, pair, turns, waiting
         self.streams = streams
         self.since = NEVER  # the first turn needs no dwell
-        self.across_since: float | None = None
+        self.across: Across | None = None
         self.turn_cost_s = turns.turn_cost_s
         self.stored: dict[Role, dict[str, int]] = {"mtp": {}, "plain": {}}
 
@@ -70,17 +71,18 @@ class LoadWish:
         return TurnRules(turn_cost_s=self.turn_cost_s, dwell_turns=turns.dwell_turns,
                          min_dwell_s=routing.min_dwell_s, to_plain_after_s=turns.to_plain_after_s,
                          to_mtp_after_s=turns.to_mtp_after_s,
-                         prefill_tokens_per_s=routing.prefill_tokens_per_s)
+                         prefill_tokens_per_s=routing.prefill_tokens_per_s,
+                         payback_turns=turns.payback_turns, gain_per_crossover=turns.gain_per_crossover)
 
     def turn_to(self, state: PairMemory, now: float) -> Role | None:
         if state.holder is None:
             return None
         cost = self.carried(state.holder, now)
-        decision = decide_turn(Holding(state.holder, self.since, self.across_since),
+        decision = decide_turn(Holding(state.holder, self.since, self.across),
                                self.load(now), self.rules(), now,
                                cached_tokens=cost.prefill_tokens, load_s=cost.load_s,
                                continued_tokens=self.continued_tokens(state.holder))
-        self.across_since = decision.across_since
+        self.across = decision.across
         if not decision.turn or (decision.to == "mtp" and state.speculation_lost):
             return None
         return decision.to
@@ -112,7 +114,7 @@ class LoadWish:
     def settled(self, holder: Role, now: float, turn_s: float | None) -> None:
         """A turn restarts the dwell; a settling (at start, after a failure) does not: the
         holder it found may have held for long."""
-        self.across_since = None
+        self.across = None
         if turn_s is not None:
             self.since, self.turn_cost_s = now, turn_s
             if self.turns.kv_store:  # the outgoing server's store: the sessions it served

@@ -23,8 +23,9 @@ def agent():
 
 
 def targets():
-    # a fixed crossover: no calibration; 3 sessions, so the pair turns within the day
-    return build_targets(["single-plain", "pair-turns"], "rtx-pro-6000", turn=TurnModel(crossover=3))
+    # a fixed crossover: no calibration; 3 sessions and no payback, so the pair turns within the day
+    return build_targets(["single-plain", "pair-turns"], "rtx-pro-6000",
+                         turn=TurnModel(crossover=3, payback_turns=0))
 
 
 @pytest.fixture

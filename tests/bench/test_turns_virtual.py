@@ -28,13 +28,16 @@ def seed(max_tokens=200):
     return lambda: make_workload("seed", max_tokens=max_tokens)
 
 
-def targets(*names, cost=1.5, running="continue"):
+def targets(*names, cost=1.5, running="continue", payback=0.0):
+    """payback=0: the turn's mechanics, at the moment the load crosses (the payback rule has
+    its own tests below)."""
     return build_targets(list(names), "rtx-pro-6000",
-                         turn=TurnModel(cost_s=cost, crossover=CROSSOVER, running=running))
+                         turn=TurnModel(cost_s=cost, crossover=CROSSOVER, running=running,
+                                        payback_turns=payback))
 
 
-def run_pair(plan=None, phases=None, cost=1.5, running="continue", max_tokens=200):
-    (target,) = targets("pair-turns", cost=cost, running=running)
+def run_pair(plan=None, phases=None, cost=1.5, running="continue", max_tokens=200, payback=0.0):
+    (target,) = targets("pair-turns", cost=cost, running=running, payback=payback)
     return run_virtual(seed(max_tokens)(), ROUTING, target.profiles, plan=plan, phases=phases,
                        turns=target.turns, turns_routing=turns_routing(ROUTING, CROSSOVER),
                        log_steps=True)
@@ -123,7 +126,7 @@ def test_dearer_turns_serve_fewer_tokens_over_a_changing_load():
 def test_a_flapping_load_turns_at_most_once_per_dwell():
     phases = [Phase(64 if i % 2 else 2, 4.0) for i in range(30)]  # 120 s, the load jumps every 4 s
     run = run_pair(phases=phases)
-    dwell = TurnModel().rules(ROUTING).dwell()
+    dwell = TurnModel(payback_turns=0).rules(ROUTING).dwell()
     assert 1 <= len(run.turns) <= 120 / dwell + 1
     for a, b in zip(run.turns, run.turns[1:], strict=False):
         assert b.start - a.settled_at >= dwell - 1e-9
@@ -206,6 +209,7 @@ class LongSessions(Workload):
 def run_long_sessions(store, drain_bound_s=5.0, l3_write_bytes_per_s=1e9, l3_capacity_bytes=None):
     (target,) = build_targets(["pair-turns"], "h200",
                               turn=TurnModel(crossover=8, store=store, drain_bound_s=drain_bound_s,
+                                             payback_turns=0,
                                              l3_write_bytes_per_s=l3_write_bytes_per_s,
                                              l3_capacity_bytes=l3_capacity_bytes))
     phases = [Phase(2, 30.0), Phase(16, 20.0), Phase(2, 60.0)]
@@ -255,3 +259,54 @@ def test_a_store_too_small_for_a_turns_writes_finds_nothing_on_the_turn_back():
     # 1 GB: less than one Mamba state per session written meanwhile (154 MB each, a call every 2 s)
     back = run_long_sessions("own", l3_capacity_bytes=1e9).turns[1]
     assert back.to == "mtp" and back.prefill_tokens == back.context_tokens and back.load_s == 0
+
+
+class WarmThenBurst(Workload):
+    """Scripts 0-3: sessions with 150k-token contexts of their own, a call every 2 s for the whole
+    run (their contexts warm on the holder); every later script: one short one-off prompt."""
+
+    name = "warm-then-burst"
+
+    def script(self, index: int):
+        if index >= 4:
+            yield Send([Job("/v1/chat/completions", {}, prompt_ids=tuple(range(10 * index, 10 * index + 64)),
+                            max_tokens=64)])
+            return
+        base = 1_000_000 * (index + 1)
+        ids = tuple(range(base, base + 150_000))
+        for _ in range(40):
+            yield Send([Job("/v1/chat/completions", {}, prompt_ids=ids, max_tokens=8, session=f"w{index}")])
+            yield Think(2.0)
+            ids += tuple(range(base + len(ids), base + len(ids) + 64))
+
+
+def run_burst(payback, phases):
+    (target,) = build_targets(["pair-turns"], "h200", turn=TurnModel(crossover=8, payback_turns=payback))
+    return run_virtual(WarmThenBurst(), ROUTING, target.profiles, phases=phases, turns=target.turns,
+                       turns_routing=turns_routing(ROUTING, 8), log_requests=True)
+
+
+def test_a_short_burst_does_not_throw_away_the_warm_sessions_contexts_to_turn():
+    """Four sessions of 150k tokens at work on MTP (600k tokens, ~37 s to prefill again), then
+    20 s of a burst past the crossover: the burst cannot repay them, so the pair stays on MTP
+    and the sessions keep hitting their cache; without the payback it turns to plain (and holds
+    it for its dwell, 10 turns' cost), where each session prefills its whole context again."""
+    phases = [Phase(4, 100.0), Phase(24, 20.0), Phase(4, 40.0)]  # their first calls end by ~50 s
+    kept, turned = run_burst(1.0, phases), run_burst(0.0, phases)
+    assert kept.turns == [] and [t.to for t in turned.turns] == ["plain"]
+    assert turned.turns[0].prefill_tokens >= 4 * 150_000  # the warm contexts, all thrown away
+
+    def prefilled(run):
+        return sum(r.prompt_tokens - (r.cached_tokens or 0) for r in run.request_log
+                   if r.cached_tokens is not None and r.at >= 100.0)
+
+    assert prefilled(turned) - prefilled(kept) > 3.5 * 150_000  # the four contexts, prefilled again
+
+
+def test_a_burst_that_stays_repays_the_contexts_and_turns():
+    """The same warm sessions, but the burst stays: once MTP has forgone the contexts' prefill
+    at plain's gain, the pair turns (gain 0.5 x 17/8 at 24 clients, capped at 1: ~37 s)."""
+    run = run_burst(1.0, [Phase(4, 100.0), Phase(24, 120.0)])
+    (turn,) = [t for t in run.turns if t.start < 220.0]
+    assert turn.to == "plain" and turn.reason == "load_above_crossover"
+    assert 100.0 + 0.9 * turn.prefill_tokens / ROUTING.prefill_tokens_per_s <= turn.start < 220.0

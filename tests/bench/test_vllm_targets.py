@@ -78,7 +78,7 @@ CROSSOVER = 40  # fixed: no calibration
 
 
 def _turns_run(phases, output_len, name="vllm-pair-turns"):
-    (target,) = build_targets([name], "rtx-pro-6000", turn=TurnModel(crossover=CROSSOVER))
+    (target,) = build_targets([name], "rtx-pro-6000", turn=TurnModel(crossover=CROSSOVER, payback_turns=0))
     run = run_virtual(Seed(output_len=output_len), Routing(), target.profiles,
                       phases=phases, turns=target.turns, turns_routing=turns_routing(Routing(), CROSSOVER),
                       log_steps=True)
@@ -97,7 +97,7 @@ def test_a_vllm_turn_costs_the_outgoing_servers_sleep_and_the_incoming_ones_wake
     assert back.settled_at - back.released_at == pytest.approx(plain_sleep + mtp_wake)
     assert 17 < to_plain.settled_at - to_plain.released_at < 20
     # the decision's dwell is that of an 18 s turn: the holder keeps the memory that much longer
-    assert target.turns.rules(Routing()).dwell() > 10 * TurnModel().rules(Routing()).dwell()
+    assert target.turns.rules(Routing()).dwell() > 10 * TurnModel(payback_turns=0).rules(Routing()).dwell()
     assert_never_both_holding(run)
 
 

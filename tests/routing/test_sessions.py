@@ -44,12 +44,16 @@ def test_a_turn_throws_away_the_last_prompt_of_the_sessions_at_work_only() -> No
     gone = pool.admit(Ask(session="gone", prompt_tokens=9000), now=0.0)
     gone.end(Outcome.SUCCESS, 0.0)
     pool.admit(Ask(session="a", prompt_tokens=1000), now=1.0).end(Outcome.SUCCESS, 1.0)
+    pool.admit(Ask(session="a", prompt_tokens=2000), now=5.0).end(Outcome.SUCCESS, 5.0)
     pool.admit(Ask(session="a", prompt_tokens=6000), now=9.0)  # in flight, its longer prompt
     pool.admit(Ask(session="b", prompt_tokens=4000), now=9.0).end(Outcome.SUCCESS, 9.0)
     pool.admit(Ask(prompt_tokens=50_000), now=9.0)  # a one-off prompt is never hit again
     # at 10 s "gone" has been idle 10 s: no longer at work
     assert sessions.reusable_context(now=10.0, idle_s=6.0) == 10_000
     assert sessions.reusable_context(now=16.0, idle_s=6.0) == 6_000  # b idle 7 s
+    # a session back after more than idle_s counts again once a request of it has ended
+    pool.admit(Ask(session="b", prompt_tokens=5000), now=16.0)
+    assert sessions.reusable_context(now=16.0, idle_s=6.0) == 6_000
     assert SessionActivity().reusable_context(now=10.0, idle_s=6.0) == 0
 
 
@@ -64,12 +68,25 @@ def test_a_session_idle_exactly_idle_s_is_still_at_work_and_an_unsized_one_count
     assert sessions.reusable_context(now=10.5, idle_s=6.0) == 0
 
 
+def test_a_session_whose_first_request_is_still_in_flight_has_no_cached_context_to_lose() -> None:
+    """A cold start: 64 new sessions each with a 20k-token prompt in flight and none ended yet.
+    A turn now loses no cache (their streams are continued, counted as such), so it is not
+    held back to repay one; once a request of a session ends, its context counts."""
+    sessions = SessionActivity()
+    for k in range(64):
+        sessions.begin(f"s{k}", 0.0, 6.0, prompt_tokens=20_000)
+    assert sessions.at_work(1.0, 6.0) == 64 and sessions.reusable_context(now=1.0, idle_s=6.0) == 0
+    sessions.end("s0", 2.0, 6.0)
+    sessions.begin("s0", 3.0, 6.0, prompt_tokens=21_000)
+    assert sessions.reusable_context(now=3.0, idle_s=6.0) == 21_000
+
+
 def test_a_forgotten_session_leaves_no_prompt_behind() -> None:
     sessions = SessionActivity()
     sessions.begin("a", 0.0, 6.0, prompt_tokens=5000)
     sessions.end("a", 0.0, 6.0)
     sessions.begin("b", 7.0, 6.0, prompt_tokens=100)  # a write forgets a, idle 7 s
-    assert sessions.last_prompt == {"b": 100}
+    assert sessions.last_prompt == {"b": 100} and sessions.served == set()
 
 
 def test_the_end_of_a_session_never_begun_changes_nothing() -> None:

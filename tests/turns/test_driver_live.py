@@ -29,7 +29,8 @@ ROUTING = {"crossover": CROSSOVER, "hysteresis": 2, "min_dwell_s": 0.3, "load_si
            "adaptive_crossover": False, "adapt_to_accept_length": False}
 TURNS = {"finish_within_s": 5, "call_timeout_s": 1, "release_timeout_s": 1,
          "resume_timeout_s": 1, "ready_within_s": 2, "wait_max_s": 20, "stuck_retry_s": 0.2,
-         "check_memory": False, "dwell_turns": 0, "to_mtp_after_s": 0.3}
+         "check_memory": False, "dwell_turns": 0, "to_mtp_after_s": 0.3,
+         "payback_turns": 0}
 
 
 @contextlib.asynccontextmanager

@@ -10,6 +10,7 @@ from typing import Any, cast
 from gateway.config import Turns
 from gateway.relay.exchange import Exchange
 from gateway.relay.in_flight import InFlight
+from gateway.routing.lease import Outcome
 from gateway.routing.pool import Ask, Lease, Pool
 from gateway.turns.state import PairMemory
 from gateway.turns.wiring import LoadWish
@@ -20,17 +21,22 @@ SETTLED_AT = 1.0  # the last turn ended; it cost 1.5 s: a cold pair's dwell is 1
 
 
 def _wish(pool: Pool, streams: InFlight) -> LoadWish:
-    wish = LoadWish(pool, pool.pairs["p0"], Turns(), lambda: 0, streams)
+    wish = LoadWish(pool, pool.pairs["p0"], Turns(payback_turns=0), lambda: 0, streams)
     wish.settled("mtp", SETTLED_AT, turn_s=1.5)
     return wish
 
 
 def _busy_pool(session_prompts: int = 0) -> Pool:
     """Six requests on MTP, past the crossover of 4: the load wants plain. Each in a session
-    with a prompt of `session_prompts` tokens, or (0) none in a session."""
+    with a prompt of `session_prompts` tokens whose earlier request ended (its context is
+    cached), or (0) none in a session."""
     pool = turns_pool(Gate("mtp"))
     for k in range(6):
         ask = Ask(session=f"s{k}", prompt_tokens=session_prompts) if session_prompts else Ask()
+        if session_prompts:
+            earlier = pool.admit(ask, SETTLED_AT)
+            assert isinstance(earlier, Lease)
+            earlier.end(Outcome.SUCCESS, SETTLED_AT)
         assert isinstance(pool.admit(ask, SETTLED_AT), Lease)
     return pool
 
@@ -85,3 +91,22 @@ def test_with_each_servers_store_a_turn_into_the_server_that_served_the_sessions
     wish.settled("plain", SETTLED_AT, turn_s=1.5)  # the other way: MTP's store holds them
     wish.settled("mtp", SETTLED_AT, turn_s=None)  # a settling, not a turn: plain's store unchanged
     assert wish.turn_to(MTP_HOLDS, now=SETTLED_AT + 100) is None
+
+
+def test_the_live_wish_waits_until_the_holder_has_forgone_the_warm_contexts_a_turn_would_lose() -> None:
+    """The payback rule live (turns.payback_turns, gain_per_crossover), with no dwell: six warm
+    40k-token sessions at work past the crossover; a turn throws away 240k tokens (15 s of
+    prefill at 16k tokens/s). The wish accrues what MTP forgoes from its first look on, and
+    turns once that repays them: 15 s / (0.5 x 3/4) = 40 s; sessions with nothing cached yet
+    (a cold start) turn at the first look."""
+    pool = _busy_pool(session_prompts=40_000)
+    wish = LoadWish(pool, pool.pairs["p0"], Turns(dwell_turns=0), lambda: 0, _no_streams())
+    assert wish.load(SETTLED_AT).level == 6 and wish.load(SETTLED_AT).crossover == 4
+    assert wish.turn_to(MTP_HOLDS, now=10.0) is None  # the first look: the load stands across
+    assert wish.turn_to(MTP_HOLDS, now=49.9) is None
+    assert wish.turn_to(MTP_HOLDS, now=50.1) == "plain"
+    cold = _busy_pool()
+    for k in range(6):  # six sessions whose first requests are in flight: nothing cached
+        assert isinstance(cold.admit(Ask(session=f"new{k}", prompt_tokens=40_000), SETTLED_AT), Lease)
+    fresh = LoadWish(cold, cold.pairs["p0"], Turns(dwell_turns=0), lambda: 0, _no_streams())
+    assert fresh.turn_to(MTP_HOLDS, now=10.0) == "plain"

@@ -29,7 +29,7 @@ CLAUDE = "claude-sonnet-4-5-20250929"
 LEVELS = (1, 4, 16, 32, 16, 4, 1)
 ROUTING = {"crossover": 8, "hysteresis": 4, "min_dwell_s": 0.5, "load_signal": "requests",
            "adaptive_crossover": False, "adapt_to_accept_length": False}
-TURNS = {"dwell_turns": 0, "to_mtp_after_s": 0.3, "finish_within_s": 10, "wait_max_s": 15,
+TURNS = {"dwell_turns": 0, "payback_turns": 0, "to_mtp_after_s": 0.3, "finish_within_s": 10, "wait_max_s": 15,
          "check_memory": False}
 RESIDENT = ("weights", "kv_cache")
 
