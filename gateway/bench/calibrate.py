@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 
 from gateway.bench.stats import LevelResult
 from gateway.sim.profile import Profile
+from gateway.turns.decision import measured_gain_per_crossover
 
 if TYPE_CHECKING:  # annotations only: estimated_singles imports the sweep when it runs
     from gateway.bench.levels import LevelPlan
@@ -137,6 +138,19 @@ def find_crossover(mtp: Sequence[LevelResult], plain: Sequence[LevelResult],
     return CrossoverResult(crossover, uncapped, agg, per, mtp_cap, objective)
 
 
+def gain_past_crossover(mtp: Sequence[LevelResult], plain: Sequence[LevelResult],
+                        crossover: int) -> float | None:
+    """``turns.gain_per_crossover`` from the curves: plain's aggregate over MTP's at the level
+    measured past the crossover nearest twice it (None: no level measured past it)."""
+    by_plain = {r.concurrency: r for r in plain}
+    past = [m for m in mtp if m.concurrency > crossover and m.concurrency in by_plain]
+    if not past:
+        return None
+    level = min(past, key=lambda m: abs(m.concurrency - 2 * crossover))
+    plain_tps = by_plain[level.concurrency].aggregate_tps
+    return measured_gain_per_crossover(level.concurrency, crossover, plain_tps, level.aggregate_tps)
+
+
 def suggested_hysteresis(crossover: int, current: int) -> int:
     if current < crossover and current <= crossover // 2:
         return current
@@ -148,8 +162,9 @@ def suggested_hysteresis(crossover: int, current: int) -> int:
 _TOP_KEY = re.compile(r"^(?P<key>[A-Za-z_][\w-]*)\s*:(?P<rest>.*)$")
 
 
-def set_routing_values(text: str, values: Mapping[str, int | float | str]) -> str:
-    """Set keys of the top-level ``routing:`` block in YAML text, touching nothing else.
+def set_routing_values(text: str, values: Mapping[str, int | float | str], section: str = "routing") -> str:
+    """Set keys of the top-level ``routing:`` block (or ``section``) in YAML text, touching
+    nothing else.
 
     A key's value is replaced on its own line, keeping indentation and any trailing comment;
     a missing key is added at the top of the block; a missing block is appended.
@@ -158,16 +173,16 @@ def set_routing_values(text: str, values: Mapping[str, int | float | str]) -> st
     start = end = None
     for i, line in enumerate(lines):
         match = _TOP_KEY.match(line)
-        if start is None and match and match["key"] == "routing":
+        if start is None and match and match["key"] == section:
             rest = match["rest"].split("#", 1)[0].strip()
             if rest:
-                raise ValueError("the routing section is written inline; edit it by hand")
+                raise ValueError(f"the {section} section is written inline; edit it by hand")
             start = i
         elif start is not None and match:
             end = i
             break
     if start is None:
-        block = "routing:\n" + "".join(f"  {k}: {v}\n" for k, v in values.items())
+        block = f"{section}:\n" + "".join(f"  {k}: {v}\n" for k, v in values.items())
         return text + ("" if not text or text.endswith("\n") else "\n") + block
     end = len(lines) if end is None else end
     indent = "  "

@@ -39,6 +39,7 @@ from gateway.bench.calibrate import (
     estimated_singles,
     find_crossover,
     fitted_pair,
+    gain_past_crossover,
     pair_best,
     set_routing_values,
     suggested_hysteresis,
@@ -210,7 +211,9 @@ async def calibrate(args: argparse.Namespace) -> int:
         "caps": caps, "accept_length": accept,
         "objective": args.objective, "aggregate_crossing": outcome.aggregate.level,
         "per_request_crossing": outcome.per_request.level,
-        "crossover": outcome.crossover, "uncapped_crossover": outcome.uncapped}
+        "crossover": outcome.crossover, "uncapped_crossover": outcome.uncapped,
+        "gain_per_crossover": (gain_past_crossover(results["mtp"], results["plain"], outcome.crossover)
+                               if outcome.crossover is not None else None)}
     if args.plot:
         report.plot(args.plot, results, f"calibrate: {name}")
     if args.hardware or args.profile_out:
@@ -245,10 +248,15 @@ async def calibrate(args: argparse.Namespace) -> int:
         print(f"mtp-gateway calibrate: {exc}", file=sys.stderr)
         return 2
     print("\nrouting:\n" + "".join(f"  {k}: {v}\n" for k, v in values.items()), end="")
+    gain = json_meta["gain_per_crossover"]
+    turns = {"gain_per_crossover": round(gain, 3)} if gain is not None else {}
+    if turns:  # how fast plain pulls ahead past it: how long a turn that loses caches waits
+        print("turns:\n" + "".join(f"  {k}: {v}\n" for k, v in turns.items()), end="")
     if args.write:
         path = Path(args.write)
         try:
-            path.write_text(set_routing_values(path.read_text(encoding="utf-8"), values), encoding="utf-8")
+            text = set_routing_values(path.read_text(encoding="utf-8"), values)
+            path.write_text(set_routing_values(text, turns, "turns") if turns else text, encoding="utf-8")
             load_settings(path)
         except (OSError, ValueError, ConfigError) as exc:
             print(f"mtp-gateway calibrate: cannot update {path}: {exc}", file=sys.stderr)

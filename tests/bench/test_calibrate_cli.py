@@ -18,6 +18,7 @@ from gateway.bench.calibrate import set_routing_values
 from gateway.bench.traces import RecordedSessions
 from gateway.bench.workloads import WORKLOADS
 from gateway.config import load_settings
+from gateway.turns.decision import measured_gain_per_crossover
 from tests.bench.test_units import SPLIT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,3 +164,7 @@ def test_sim_on_agent_sessions_writes_the_crossover_where_plain_overtakes(tmp_pa
     assert chosen and 1 <= int(chosen[1]) < 64  # ... so a crossover below it is written
     assert load_settings(config).routing.crossover == int(chosen[1])
     assert f"written to {config} (the aggregate crossing)" in out
+    # and how fast plain pulls ahead past it, from the level measured there (64 sessions)
+    gain = measured_gain_per_crossover(64, int(chosen[1]), rows[64, "plain"], rows[64, "mtp"])
+    assert load_settings(config).turns.gain_per_crossover == pytest.approx(gain, abs=0.002)
+    assert f"turns:\n  gain_per_crossover: {load_settings(config).turns.gain_per_crossover}\n" in out

@@ -13,6 +13,7 @@ from gateway.bench.calibrate import (
     crossing,
     find_crossover,
     fit_profile,
+    gain_past_crossover,
     set_routing_values,
     suggested_hysteresis,
 )
@@ -227,6 +228,27 @@ def test_writer_adds_missing_keys_and_sections():
         "listen": {"port": 1}, "routing": {"crossover": 9}}
     with pytest.raises(ValueError):
         set_routing_values("routing: {crossover: 3}\n", {"crossover": 4})
+
+
+def test_writer_sets_another_sections_key_and_leaves_routings_alone():
+    out = set_routing_values(CONFIG, {"crossover": 7}, "timeouts")
+    data = yaml.safe_load(out)
+    assert data["timeouts"]["crossover"] == 7 and data["routing"]["crossover"] == 24
+    added = yaml.safe_load(set_routing_values(CONFIG, {"gain_per_crossover": 0.27}, "turns"))
+    assert added["turns"] == {"gain_per_crossover": 0.27}
+
+
+def test_the_gain_past_the_crossover_is_measured_at_the_level_nearest_twice_it():
+    def rows(name, by_level):
+        return [LevelResult(name, c, 10, 0, 1.0, tps, 1.0, 0.0, 1.0, 0.1, 0.1, 0.01, 0.01, 1.0, 1.0, {})
+                for c, tps in by_level.items()]
+
+    mtp = rows("mtp", {16: 1000.0, 32: 1100.0, 64: 1150.0, 128: 1200.0})
+    plain = rows("plain", {16: 900.0, 32: 1100.0, 64: 1500.0, 128: 2400.0})
+    # crossover 32: the level nearest 64 is 64, where plain makes 1500 / 1150 - 1 = 0.304 more,
+    # 33 levels past the crossover: 33/32 of a crossover
+    assert gain_past_crossover(mtp, plain, 32) == pytest.approx((1500 / 1150 - 1) * 32 / 33)
+    assert gain_past_crossover(mtp, plain, 128) is None  # nothing measured past it
 
 
 def test_writer_on_the_shipped_config_keeps_every_comment(tmp_path):
