@@ -255,6 +255,10 @@ class Turns(_Frozen):
     wait_max_requests: int = Field(256, ge=0)  # arrivals that may wait at the gateway for a turn
     wait_max_s: float = Field(10.0, gt=0)  # ... each at most this long; then a 503
     retry_after_s: int = Field(2, ge=1)  # that 503's Retry-After
+    # While the holder, up, has its circuit open (or its half-open trial out), arrivals wait
+    # for the circuit at most this long (it opens for monitor.circuit_open_s, then its trial
+    # must end well); then the 503 no_backend_available a pair with no server admitting gets.
+    wait_circuit_max_s: float = Field(30.0, gt=0)
     finish_within_s: float = Field(30.0, ge=0)  # running streams finish first within this
     # Before its pause, the outgoing server's prefix-cache writes to its store (HiCache) settle:
     # its backup counters unchanged for caches_quiet_s, within keep_caches_within_s (past it the

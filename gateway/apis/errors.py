@@ -109,6 +109,12 @@ class NoBackend(UpstreamError):
     status, code, kind = 503, "no_backend_available", "no_backend"
 
 
+def no_healthy_backend(why: str = "") -> NoBackend:
+    """Every server that could take the request is down, or its circuit is open."""
+    return NoBackend("no healthy backend: all are down or their circuits are open"
+                     + (f"; {why}" if why else ""), headers={"retry-after": "5"})
+
+
 class UpstreamConnectError(UpstreamError):
     code, kind = "upstream_connect_error", "connect"
 

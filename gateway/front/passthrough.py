@@ -7,10 +7,10 @@ import asyncio
 
 from gateway.apis.errors import (
     GatewayError,
-    NoBackend,
     UpstreamError,
     UpstreamStatus,
     UpstreamTimeout,
+    no_healthy_backend,
     openai_shaped,
 )
 from gateway.relay.asgi import RawHeaders
@@ -25,8 +25,7 @@ async def pass_through(upstream: Upstream, idle_s: float, method: str, path: str
     """A small request answered by the first backend in `order` that answers (the next
     one on a connection error or 5xx, and on 404 when asked): status, headers, body. A backend
     silent for `idle_s` is stuck: the next one is asked."""
-    failure: GatewayError = NoBackend("no healthy backend: all are down or their "
-                                      "circuits are open", headers={"retry-after": "5"})
+    failure: GatewayError = no_healthy_backend()
     for index, state in enumerate(order):
         target, backend = state.target, state.name
         headers = upstream_headers(client_headers, target.api_key)

@@ -8,20 +8,23 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from gateway.apis import PUT_PATHS
 from gateway.apis.errors import (
     BadRequest,
     GatewayError,
     MethodNotAllowed,
-    NoBackend,
     Overloaded,
     PayloadTooLarge,
     RequestTimeout,
     Unauthorized,
+    no_healthy_backend,
 )
 from gateway.config import Settings
 from gateway.relay.asgi import Receive, Scope
+from gateway.relay.client_io import client_writer
 from gateway.relay.deadlines import LOOKS_PER_DEADLINE, shared_looks
 from gateway.relay.inbound import (
     Headers,
@@ -30,17 +33,20 @@ from gateway.relay.inbound import (
     parse_inbound,
     prompt_tokens_from_bytes,
 )
-from gateway.routing.lease import Ask, Lease, Placement
+from gateway.routing.lease import Ask, Lease
 from gateway.routing.pool import Pool
 from gateway.routing.sessions import ResponseStore
-from gateway.turns.waiting import WaitingRoom
+from gateway.turns.waiting import WaitingRoom, waits
+
+T = TypeVar("T")
 
 
 async def admit(scope: Scope, receive: Receive, settings: Settings, pool: Pool,
                 responses: ResponseStore, now: float, waiting: WaitingRoom | None = None
                 ) -> tuple[Inbound, Lease]:
     """The request, parsed, and its lease; raises the GatewayError the client gets. With
-    turns pairs, a request that finds no server admitting waits in `waiting` for the turn."""
+    turns pairs, a request that finds no server admitting waits in `waiting` (for the turn, or
+    for the circuit of the server holding the memory) while its client stays."""
     if scope["method"] != "POST" and not (scope["method"] == "PUT" and scope["path"] in PUT_PATHS):
         raise method_not_allowed(scope["path"])
     headers: Headers = scope["headers"]
@@ -56,16 +62,52 @@ async def admit(scope: Scope, receive: Receive, settings: Settings, pool: Pool,
     ask = Ask(inbound.session, inbound.pin, responses.holder(inbound.previous_response_id),
               prompt_tokens_from_bytes(len(body)))
     admitted = pool.admit(ask, now)
-    if waiting is not None and _waits_for_turn(admitted):
-        admitted = await waiting.admit(lambda: pool.admit(ask, time.monotonic()), _waits_for_turn)
+    if waiting is not None and waits(admitted):
+        admitted = await wait_connected(scope, receive, waiting.admit(
+            lambda: pool.admit(ask, time.monotonic())))
     if not isinstance(admitted, Lease):
-        raise NoBackend("no healthy backend: all are down or their circuits are open",
-                        headers={"retry-after": "5"})
+        raise no_healthy_backend()
     return inbound, admitted
 
 
-def _waits_for_turn(admitted: Lease | Placement) -> bool:
-    return not isinstance(admitted, Lease) and admitted.decision.reason == "memory_turn"
+async def wait_connected(scope: Scope, receive: Receive, waited: Awaitable[T]) -> T:
+    """`waited`, in the request's task, given up when the client leaves meanwhile: its
+    task is cancelled, and the request ends as a BadRequest it no longer reads (what it held,
+    the waiting room's place, is left by the cancellation)."""
+    task = asyncio.current_task()
+    assert task is not None  # always inside the request's task
+    left = False
+
+    def client_gone() -> None:
+        nonlocal left
+        if not left:
+            left = True
+            task.cancel()
+
+    writer = client_writer(scope)
+    listener = None
+    if writer is not None:  # the server says when the client is gone
+        writer.on_client_gone(client_gone)
+    else:
+        listener = asyncio.create_task(_until_disconnect(receive, client_gone))
+    try:
+        return await waited
+    except asyncio.CancelledError:
+        if not left or task.uncancel() > 0:  # not ours, or not ours alone
+            raise
+        raise BadRequest("client disconnected while waiting for a server to admit it") from None
+    finally:
+        if writer is not None:
+            writer.on_client_gone(None)
+        if listener is not None:
+            listener.cancel()
+
+
+async def _until_disconnect(receive: Receive, client_gone: Callable[[], None]) -> None:
+    """After the whole body, the next message an ASGI server has is the client's leaving."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    client_gone()
 
 
 def check_client_key(headers: Headers, settings: Settings) -> None:

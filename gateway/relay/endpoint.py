@@ -111,6 +111,8 @@ class ProxyEndpoint:
             if exchange.upstream is not None:
                 exchange.upstream.close()
             self.endings.end_lease(exchange)
+            if lease.circuit_changed and self.waiting is not None:  # arrivals may wait on it
+                self.waiting.changed()
             backend = lease.backend.name
             if inbound.api == RESPONSES_API and inbound.rid and exchange.status == 200:
                 self.responses.remember(inbound.rid, backend)

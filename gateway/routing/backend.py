@@ -52,6 +52,11 @@ class Circuit:
     def is_half_open(self, now: float) -> bool:
         return self.open_until is not None and now >= self.open_until
 
+    def opens_in(self, now: float) -> float | None:
+        """Seconds until the open circuit lets its trial through; None when it is not open
+        (closed, or half-open: then its trial's end is what changes it)."""
+        return self.open_until - now if self.open_until is not None and now < self.open_until else None
+
 
 @dataclass(slots=True)
 class LoadReading:
@@ -162,8 +167,11 @@ class BackendState:
         left first) the next request may be the trial."""
         self.circuit.trial_in_flight = False
 
-    def circuit_success(self) -> None:
+    def circuit_success(self) -> bool:
+        """A success closes the circuit; True when it was open or half-open."""
+        was_open = self.circuit.open_until is not None
         self.circuit = Circuit()
+        return was_open
 
     def circuit_failure(self, now: float) -> bool:
         """Count a failure; True when this one opened the circuit."""

@@ -90,6 +90,9 @@ class Placement:
     pair_choice: PairChoice
     flipped: bool = False  # this decision flipped its pair to plain
     flip: Flip | None = None  # ... and these are the moves that causes (once counted in)
+    # Nowhere to go, for now: with reason holder_circuit, a circuit lets its trial through in
+    # this many seconds, with nothing else to say so (None: a trial's end will).
+    look_again_s: float | None = None
 
 
 @dataclass(eq=False)
@@ -123,6 +126,9 @@ class Lease:
     output_tokens: int | None = None  # completion tokens, when the caller learned them
     output_chunks: int | None = None  # SSE chunks that carried them, when counted
     moved_from: BackendState | None = None  # the server a planned move took it off
+    # Its end changed a circuit that arrivals may be waiting on (gateway/turns/waiting.py): it
+    # ended a half-open trial, opened a circuit again, or closed an open one.
+    circuit_changed: bool = False
     # When the first byte came, and the pair's running-stream areas then (a speed sample).
     _sample_from: tuple[float, dict[Role, float]] | None = None
 
@@ -220,16 +226,20 @@ class Lease:
         last.backend.leave(now, self, finished=True)
         pair = self.pool.pairs[self.attempts[0].backend.pair]
         pair.sessions.end(self.ask.session, now, pair.routing.session_idle_s)
+        changed = False
         for attempt in self.attempts:
             if attempt.trial:
                 attempt.backend.end_trial()
+                changed = True
         failed = [(a.backend, a.failure) for a in self.attempts if a.failure is not None]
         verdicts = []
         for (backend, failure), blamed in zip(failed, blame([f for _, f in failed]), strict=True):
             opened = backend.circuit_failure(now) if blamed else False
+            changed = changed or opened
             verdicts.append(Verdict(backend, failure, blamed, opened))
         if outcome is Outcome.SUCCESS:
-            last.backend.circuit_success()
+            changed = last.backend.circuit_success() or changed
+        self.circuit_changed = changed
         self.pool.sessions.put(self.ask.session, last.backend.name)
         self._observe_speed(now)
         return verdicts

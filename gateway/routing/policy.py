@@ -42,9 +42,11 @@ Reason = Literal[
     "static_policy",
     "no_backend",
     # Set by the pool for a turns pair (gateway/turns), not by decide(): the server that
-    # holds the memory serves; none does while a turn is under way (the request waits).
+    # holds the memory serves; none does while a turn is under way (the request waits), nor
+    # while the holder, up, has its circuit open (the request waits for the circuit).
     "memory_holder",
     "memory_turn",
+    "holder_circuit",
 ]
 REASONS: tuple[Reason, ...] = Reason.__args__  # type: ignore[attr-defined]
 # Above where plain is faster alone, it keeps this many more requests while MTP is idle.

@@ -142,16 +142,27 @@ class Pool:
             views = self.pair_views(now, exclude)
         choice = choose_pair(views, session_pair, self.affinity_slack)
         if choice.pair is None:
-            first = next(iter(self.pairs.values()))
-            reason: Reason = "memory_turn" if any(p.turns is not None and p.turns.waiting_for_turn
-                                          for p in self.pairs.values()) else "no_backend"
-            return Placement(None, Decision(None, reason, first.mode, first.mode_since),
-                             choice)
+            return self._nowhere(choice, now, exclude)
         pair = self.pairs[choice.pair]
         role = session_backend.role if session_backend is not None and session_pair == pair.name \
             else None
         return self._place_in(pair, choice, RequestFacts(role, ask.pin, ask.prompt_tokens), now,
                               exclude, snapshot)
+
+    def _nowhere(self, choice: PairChoice, now: float, exclude: Collection[str]) -> Placement:
+        """No pair can take the request now. It waits for a turn under way (memory_turn), or
+        for the circuit of a turns pair's holder that is up (holder_circuit): the pair has no
+        other server to take it, as a single server queues what it is sent. Else no_backend."""
+        first = next(iter(self.pairs.values()))
+        held = [h for p in self.pairs.values()
+                if (h := _holder_behind_circuit(p, now, exclude)) is not None]
+        reason: Reason = "holder_circuit" if held else "no_backend"
+        if any(p.turns is not None and p.turns.waiting_for_turn for p in self.pairs.values()):
+            reason = "memory_turn"
+        look_again_s = min((s for h in held if (s := h.circuit.opens_in(now)) is not None),
+                           default=None)
+        return Placement(None, Decision(None, reason, first.mode, first.mode_since), choice,
+                         look_again_s=look_again_s)
 
     def _place_in(self, pair: PairState, choice: PairChoice, facts: RequestFacts, now: float,
                   exclude: Collection[str], snapshot: Snapshot | None = None) -> Placement:
@@ -198,6 +209,19 @@ class Pool:
 def _pair_view(name: str, backends: Collection[BackendView]) -> PairView:
     """A pair's load and whether it can take the request, from its servers' views."""
     return PairView(name, sum(v.load for v in backends), any(v.healthy for v in backends))
+
+
+def _holder_behind_circuit(pair: PairState, now: float, exclude: Collection[str]
+                           ) -> BackendState | None:
+    """The turns pair's holder when it is up but its circuit keeps it out (open, or half-open
+    with its trial out); a holder that is down is lost (gateway/turns/state.py holder_lost)."""
+    role = pair.turns.admitting if pair.turns is not None else None
+    if role is None:
+        return None
+    holder = pair.backends[role]
+    if holder.up and not holder.parked and holder.name not in exclude and not holder.accepting(now):
+        return holder
+    return None
 
 
 def _turns_reason(decision: Decision, gate: MemoryGate) -> Decision:

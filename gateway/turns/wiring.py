@@ -160,7 +160,8 @@ def build_turns(settings: Settings, pool: Pool, upstream: Upstream, streams: Str
     pairs = [p for p in settings.fleet() if settings.memory_of(p) != "split"]
     if not pairs:
         return TurnsRuntime({}, None, configured)
-    waiting = WaitingRoom(turns.wait_max_requests, turns.wait_max_s, turns.retry_after_s)
+    waiting = WaitingRoom(turns.wait_max_requests, turns.wait_max_s, turns.retry_after_s,
+                          turns.wait_circuit_max_s)
     drivers: dict[str, PairDriver | FollowDriver] = {}
     metrics = TurnMetrics(registry, lambda: drivers, lambda: waiting.waiting)
     journal = Journal(turns.state_file)

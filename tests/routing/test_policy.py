@@ -132,7 +132,7 @@ def test_lower_acceptance_flips_to_plain_sooner() -> None:
 def test_every_reason_is_covered_by_the_table() -> None:
     from gateway.routing.policy import REASONS
 
-    pool_reasons = {"memory_holder", "memory_turn"}  # a turns pair's, set by the pool
+    pool_reasons = {"memory_holder", "memory_turn", "holder_circuit"}  # a turns pair's, by the pool
     seen = {case[5] for case in CASES} | {"static_policy"} | pool_reasons
     assert seen == set(REASONS)
 

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -34,15 +35,17 @@ TURNS = {"finish_within_s": 5, "call_timeout_s": 1, "release_timeout_s": 1,
 
 
 @contextlib.asynccontextmanager
-async def gateway(urls: dict[str, str], **turns: Any) -> AsyncIterator[tuple[Any, str]]:
+async def gateway(urls: dict[str, str], *, monitor: dict[str, Any] | None = None,
+                  stock_uvicorn: bool = False, **turns: Any) -> AsyncIterator[tuple[Any, str]]:
     settings = build_settings({
         "backends": {role: {"url": url} for role, url in urls.items()}, "memory": "turns",
-        "routing": ROUTING, "turns": {**TURNS, **turns}, "monitor": {"interval_s": 0.05},
+        "routing": ROUTING, "turns": {**TURNS, **turns},
+        "monitor": {"interval_s": 0.05, **(monitor or {})},
         # the fake serves no continuation (no /tokenize, no splice-able answer): running
         # streams finish first here; the hand-off at a turn is tested on the simulator
         "handoff": {"at_turn": False}, "log": {"access": False}})
     app = create_app(settings, registry=CollectorRegistry())
-    async with serve_app(app) as url:
+    async with serve_app(app, stock_uvicorn=stock_uvicorn) as url:
         yield app.state.runtime, url
 
 
@@ -304,6 +307,79 @@ async def test_arrivals_past_the_waiting_rooms_bounds_get_a_503_in_their_apis_sh
             assert why in error["error"]["message"], error
         assert metric(metrics, "gateway_rejected_total", reason="memory_turn") == 2
         assert runtime.pool.concurrency == 0 and device.deaths == []
+
+
+def open_circuit(runtime: Any, role: str) -> None:
+    """The holder's circuit opened, as monitor.circuit_failures failures in a row open it."""
+    backend = runtime.pool.backends[role]
+    while not backend.circuit_failure(time.monotonic()):
+        pass
+
+
+@pytest.mark.timeout(30)
+async def test_arrivals_while_the_holders_circuit_is_open_wait_for_its_trial_and_are_served():
+    async with fake_pair("mtp") as (device, servers, urls), \
+            gateway(urls, monitor={"circuit_open_s": 0.5}) as (runtime, url):
+        await holding(runtime, "mtp")
+        holder, waiting = runtime.pool.backends["mtp"], runtime.turns.waiting
+        open_circuit(runtime, "mtp")
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            first = asyncio.create_task(stream(client, tokens=500))  # ~2 s on the fake
+            await wait_until(lambda: waiting.waiting == 1, timeout=5)  # not refused: it waits
+            await wait_until(lambda: holder.circuit.trial_in_flight, timeout=5)  # half-open: the trial
+            behind = asyncio.create_task(stream(client))
+            await wait_until(lambda: waiting.waiting == 1, timeout=5)  # one trial at a time
+            assert not behind.done()
+            assert await first == "whole" and await behind == "whole"
+        assert holder.circuit.open_until is None  # the trial's success closed it
+        assert driver(runtime).state.holder == "mtp" and waiting.waiting == 0
+        assert runtime.pool.concurrency == 0 and device.deaths == []
+
+
+@pytest.mark.timeout(30)
+async def test_arrivals_waiting_past_the_circuit_bound_get_a_503_in_their_apis_shape():
+    async with fake_pair("mtp") as (device, servers, urls), \
+            gateway(urls, wait_circuit_max_s=0.3, monitor={"circuit_open_s": 30}) as (runtime, url):
+        await holding(runtime, "mtp")
+        open_circuit(runtime, "mtp")
+        body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            # One at a time: three waiting would reach the crossover, and the pair turn to plain.
+            messages = await client.post("/v1/messages", json=body)
+            chat = await client.post("/v1/chat/completions", json=body)
+            native = await client.post("/generate", json={"text": "hi",
+                                                          "sampling_params": {"max_new_tokens": 8}})
+            metrics = (await client.get("/metrics")).text
+        for answer in (messages, chat, native):
+            assert answer.status_code == 503 and answer.headers["retry-after"] == "5", answer.text
+        error = messages.json()  # Anthropic's envelope
+        assert error["type"] == "error" and error["error"]["type"] == "overloaded_error", error
+        assert "waited 0.3 s" in error["error"]["message"], error
+        for openai_shaped in (chat.json()["error"], native.json()["error"]):  # OpenAI's (and SGLang's)
+            assert openai_shaped["code"] == "no_backend_available", openai_shaped
+            assert "waited 0.3 s" in openai_shaped["message"], openai_shaped
+        assert metric(metrics, "gateway_rejected_total", reason="no_backend") == 3
+        assert runtime.turns.waiting.waiting == 0 and runtime.pool.concurrency == 0
+        assert driver(runtime).state.holder == "mtp" and servers["mtp"].served == 0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stock_uvicorn", [False, True], ids=["gateway_protocol", "stock_uvicorn"])
+async def test_a_client_leaving_while_it_waits_for_the_circuit_frees_its_place(stock_uvicorn: bool):
+    async with fake_pair("mtp") as (device, servers, urls), \
+            gateway(urls, stock_uvicorn=stock_uvicorn, monitor={"circuit_open_s": 30}) as (runtime, url):
+        await holding(runtime, "mtp")
+        holder, waiting = runtime.pool.backends["mtp"], runtime.turns.waiting
+        open_circuit(runtime, "mtp")
+        async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+            leaving = asyncio.create_task(stream(client))
+            await wait_until(lambda: waiting.waiting == 1, timeout=5)
+            leaving.cancel()  # the client closes its connection
+            await wait_until(lambda: waiting.waiting == 0, timeout=5)  # not after the 30 s bound
+            assert runtime.pool.concurrency == 0 and holder.inflight == 0
+            holder.circuit_success()  # closed again: the gateway serves on
+            assert await stream(client) == "whole"
+        assert runtime.pool.concurrency == 0 and servers["mtp"].served == 1
 
 
 @pytest.mark.timeout(30)
