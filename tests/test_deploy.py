@@ -73,7 +73,8 @@ GATEWAY_GAUGES = {
     "gateway_circuit_open",  # {backend}
 }
 GATEWAY_HISTOGRAMS = {"gateway_ttft_seconds", "gateway_e2e_seconds", "gateway_overhead_seconds"}
-ROUTING_REASONS = set(REASONS) - {"no_backend"}  # every reason a served request can carry
+# Every reason a served request can carry: not those of a request with nowhere to go.
+ROUTING_REASONS = set(REASONS) - {"no_backend", "holder_circuit"}
 
 # SGLang's exported metrics (`sglang:` + the name), read from
 # sglang/srt/observability/metrics_collector.py in the 0.5.10 and 0.5.23 wheels.
