@@ -57,7 +57,8 @@ class _TurnsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         waiting = GaugeMetricFamily("gateway_memory_turn_waiting",
-                                    "Requests waiting at the gateway for a turn to end.")
+                                    "Requests waiting at the gateway for a turn to end, or "
+                                    "for the holder's circuit.")
         waiting.add_metric([], self.waiting())
         yield waiting
         holder = GaugeMetricFamily("gateway_memory_holder",
