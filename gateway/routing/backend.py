@@ -11,6 +11,7 @@ load), and its circuit. Every field is written by a method of this class and by 
     reported load                    the monitor's /v1/loads reading (record_loads)
     endpoints it lacks               the monitor (record_missing)
     circuit                          the lease's verdict at its end (circuit_success / _failure)
+    slow start                       the lease: at admission, and its verdict at its end
     parked                           a turns pair's driver (gateway/turns): not holding the
                                      memory, paused; the monitor leaves it alone
 
@@ -58,6 +59,33 @@ class Circuit:
         return self.open_until - now if self.open_until is not None and now < self.open_until else None
 
 
+# A slow start whose window reached this many requests in flight is over: its server admits freely.
+SLOW_START_FULL = 64
+
+
+@dataclass(eq=False, slots=True)
+class SlowStart:
+    """A turns pair's holder just after its circuit closed: the pair has no other server, so the
+    requests that waited for the circuit would all go to it at once, into a fault that may
+    still hold (one that breaks streams only lets other requests succeed and close the
+    circuit). Instead at most `window` requests admitted since the close are in flight: 1 at
+    first, doubled by each success of one of them, back to 1 by a failure (five open the
+    circuit again), over at SLOW_START_FULL."""
+
+    window: int = 1
+    inflight: int = 0
+
+    def admits(self) -> bool:
+        return self.inflight < self.window
+
+    def after(self, went_well: bool | None) -> int:
+        """The window after one of its requests ended: well, badly (a failure blamed on the
+        server), or neither (its client left, it moved)."""
+        if went_well is None:
+            return self.window
+        return self.window * 2 if went_well else 1
+
+
 @dataclass(slots=True)
 class LoadReading:
     """The backend's own count from /v1/loads: every replica's traffic, and any bypassing us."""
@@ -100,15 +128,18 @@ class BackendState:
     missing_endpoints: frozenset[str] = frozenset()  # SGLang's own, answered 404/405
     # --- written by the lease's verdict
     circuit: Circuit = field(default_factory=Circuit)
+    slow_start: SlowStart | None = None  # a turns pair's holder, after its circuit closed
     # --- written by a turns pair's driver
     parked: bool = False
 
     # --- reading -----------------------------------------------------------------------------
 
     def accepting(self, now: float) -> bool:
-        """May take a new request: up, and its circuit closed or half-open with no trial out."""
-        circuit = self.circuit
-        return self.up and not circuit.is_open(now) and not circuit.trial_in_flight
+        """May take a new request: up, its circuit closed or half-open with no trial out, and
+        its slow start, if any, with room."""
+        circuit, slow_start = self.circuit, self.slow_start
+        return (self.up and not circuit.is_open(now) and not circuit.trial_in_flight
+                and (slow_start is None or slow_start.admits()))
 
     def reported_load(self, now: float, max_age_s: float) -> int | None:
         """Running + waiting as the backend last said, moved by this gateway's own requests
@@ -141,9 +172,12 @@ class BackendState:
 
     def admit(self, now: float, request: object, *, started: bool = False) -> bool:
         """Count one request in (`started`: a stream moved here with its first byte sent);
-        True when it is the half-open circuit's one trial."""
+        True when it is the half-open circuit's one trial. With a slow start under way, the
+        request is one of it (its lease holds `slow_start`, and ends its part)."""
         self._advance(now)
         self.inflight += 1
+        if self.slow_start is not None:
+            self.slow_start.inflight += 1
         if not started:
             self.unstarted[request] = None
         if self.circuit.is_half_open(now) and not self.circuit.trial_in_flight:
@@ -167,10 +201,24 @@ class BackendState:
         left first) the next request may be the trial."""
         self.circuit.trial_in_flight = False
 
-    def circuit_success(self) -> bool:
-        """A success closes the circuit; True when it was open or half-open."""
+    def slow_start_end(self, slow_start: SlowStart, went_well: bool | None) -> bool:
+        """One request of `slow_start` ended (see SlowStart.after); True when that is this
+        server's slow start still (its place is free: a waiting request may go)."""
+        slow_start.inflight -= 1
+        if slow_start is not self.slow_start:
+            return False  # over, or the circuit opened again meanwhile
+        slow_start.window = slow_start.after(went_well)
+        if slow_start.window >= SLOW_START_FULL:
+            self.slow_start = None
+        return True
+
+    def circuit_success(self, *, slow_start: bool = False) -> bool:
+        """A success closes the circuit; True when it was open or half-open. Then, with
+        `slow_start` (a turns pair's holder), its admissions start slow (SlowStart)."""
         was_open = self.circuit.open_until is not None
         self.circuit = Circuit()
+        if was_open and slow_start:
+            self.slow_start = SlowStart()
         return was_open
 
     def circuit_failure(self, now: float) -> bool:
@@ -182,6 +230,7 @@ class BackendState:
                       and circuit.open_until is None):
             circuit.open_until = now + self.circuit_rules.open_s
             circuit.trial_in_flight = False
+            self.slow_start = None  # its trial comes first again
             return True
         return False
 
@@ -192,6 +241,8 @@ class BackendState:
         after the driver saw it ready: its probes count again, from a clean streak."""
         if self.parked and not parked:
             self.up, self.good_probes, self.bad_probes = True, 0, 0
+        if parked:
+            self.slow_start = None
         self.parked = parked
 
     # --- the monitor -------------------------------------------------------------------------

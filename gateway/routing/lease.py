@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.config import Role
-from gateway.routing.backend import BackendState
+from gateway.routing.backend import BackendState, SlowStart
 from gateway.routing.crossover import SETTLE_S
 from gateway.routing.pair import PairState
 from gateway.routing.pairs import PairChoice
@@ -100,6 +100,14 @@ class Attempt:
     backend: BackendState
     trial: bool  # the half-open circuit's one trial: held until the lease's end judges it
     failure: Failure | None = None
+    slow_start: SlowStart | None = None  # the backend's slow start it is one of, judged likewise
+
+    @classmethod
+    def on(cls, backend: BackendState, now: float, request: object, *,
+           started: bool = False) -> Attempt:
+        """Counted in on `backend` (BackendState.admit)."""
+        slow_start = backend.slow_start
+        return cls(backend, backend.admit(now, request, started=started), slow_start=slow_start)
 
 
 class Placer(Protocol):
@@ -127,7 +135,8 @@ class Lease:
     output_chunks: int | None = None  # SSE chunks that carried them, when counted
     moved_from: BackendState | None = None  # the server a planned move took it off
     # Its end changed a circuit that arrivals may be waiting on (gateway/turns/waiting.py): it
-    # ended a half-open trial, opened a circuit again, or closed an open one.
+    # ended a half-open trial, opened a circuit again, closed an open one, or freed a place
+    # in a slow start (gateway.routing.backend.SlowStart).
     circuit_changed: bool = False
     # When the first byte came, and the pair's running-stream areas then (a speed sample).
     _sample_from: tuple[float, dict[Role, float]] | None = None
@@ -178,7 +187,7 @@ class Lease:
         current = self.attempts[-1]
         current.failure = failure
         current.backend.leave(now, self, finished=False)  # a trial stays held: judged at end
-        self.attempts.append(Attempt(placement.backend, placement.backend.admit(now, self)))
+        self.attempts.append(Attempt.on(placement.backend, now, self))
         self._sample_from = None
         return self.pool.with_flip(placement, now)
 
@@ -195,8 +204,7 @@ class Lease:
         current = self.attempts[-1]
         current.failure = failure
         current.backend.leave(now, self, finished=False)
-        self.attempts.append(Attempt(placement.backend,
-                                     placement.backend.admit(now, self, started=self.started)))
+        self.attempts.append(Attempt.on(placement.backend, now, self, started=self.started))
         self._sample_from = None  # its speed is no longer one server's
         return self.pool.with_flip(placement, now)
 
@@ -209,7 +217,10 @@ class Lease:
         if current.trial:  # no verdict on it: the next request may be the trial
             current.backend.end_trial()
             current.trial = False
-        self.attempts[-1] = Attempt(backend, backend.admit(now, self, started=self.started))
+        if current.slow_start is not None:  # likewise: its place is free
+            freed = current.backend.slow_start_end(current.slow_start, None)
+            self.circuit_changed = self.circuit_changed or freed
+        self.attempts[-1] = Attempt.on(backend, now, self, started=self.started)
         self.moved_from = current.backend
         self.pool.pairs[backend.pair].moved += 1
         self._sample_from = None  # its speed is no longer one server's
@@ -226,19 +237,26 @@ class Lease:
         last.backend.leave(now, self, finished=True)
         pair = self.pool.pairs[self.attempts[0].backend.pair]
         pair.sessions.end(self.ask.session, now, pair.routing.session_idle_s)
-        changed = False
+        failed = [(a, a.failure) for a in self.attempts if a.failure is not None]
+        blamed = dict(zip([a for a, _ in failed], blame([f for _, f in failed]), strict=True))
+        changed = self.circuit_changed
         for attempt in self.attempts:
             if attempt.trial:
                 attempt.backend.end_trial()
                 changed = True
-        failed = [(a.backend, a.failure) for a in self.attempts if a.failure is not None]
+            if attempt.slow_start is not None:
+                went_well = (True if attempt is last and outcome is Outcome.SUCCESS
+                             else False if blamed.get(attempt) else None)
+                changed = attempt.backend.slow_start_end(attempt.slow_start, went_well) or changed
         verdicts = []
-        for (backend, failure), blamed in zip(failed, blame([f for _, f in failed]), strict=True):
-            opened = backend.circuit_failure(now) if blamed else False
+        for attempt, failure in failed:
+            was_blamed = blamed[attempt]
+            opened = attempt.backend.circuit_failure(now) if was_blamed else False
             changed = changed or opened
-            verdicts.append(Verdict(backend, failure, blamed, opened))
+            verdicts.append(Verdict(attempt.backend, failure, was_blamed, opened))
         if outcome is Outcome.SUCCESS:
-            changed = last.backend.circuit_success() or changed
+            turns = self.pool.pairs[last.backend.pair].turns is not None
+            changed = last.backend.circuit_success(slow_start=turns) or changed
         self.circuit_changed = changed
         self.pool.sessions.put(self.ask.session, last.backend.name)
         self._observe_speed(now)

@@ -199,7 +199,7 @@ class Pool:
         if placement.backend is None:
             return placement
         lease = Lease(self, ask, placement, [])
-        lease.attempts.append(Attempt(placement.backend, placement.backend.admit(now, lease)))
+        lease.attempts.append(Attempt.on(placement.backend, now, lease))
         pair = self.pairs[placement.backend.pair]
         pair.sessions.begin(ask.session, now, pair.routing.session_idle_s, ask.prompt_tokens)
         lease.placement = self.with_flip(placement, now)

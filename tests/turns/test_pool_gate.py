@@ -165,3 +165,106 @@ def test_a_turn_under_way_elsewhere_is_waited_for_with_the_earliest_circuit_look
     open_circuit(pool, "p1/plain", 1.0)
     placed = nowhere(pool, 3.0)
     assert placed.decision.reason == "memory_turn" and placed.look_again_s == pytest.approx(8.0)
+
+
+# --- the slow start after the holder's circuit closes -----------------------------------------
+
+
+def closed_by_an_earlier_success(pool: Pool, name: str) -> None:
+    """A request admitted before the circuit opened ends well after: that closes the circuit
+    (any success does), while a fault that breaks streams only may still hold."""
+    earlier = pool.admit(Ask(), 0.5)
+    assert isinstance(earlier, Lease) and earlier.backend.name == name
+    open_circuit(pool, name, 1.0)
+    earlier.end(Outcome.SUCCESS, 2.0)
+    assert earlier.circuit_changed and pool.backends[name].circuit.open_until is None
+
+
+def admitted(pool: Pool, now: float) -> list[Lease]:
+    """Admit until the pool says wait; the leases admitted."""
+    leases = []
+    while isinstance(lease := pool.admit(Ask(), now), Lease):
+        leases.append(lease)
+        assert len(leases) <= 200, "nothing held the requests back"
+    assert lease.decision.reason == "holder_circuit" and lease.look_again_s is None  # an end says
+    return leases
+
+
+def test_after_the_holders_circuit_closes_one_request_goes_then_twice_as_many_per_success():
+    pool = turns_pool(Gate("mtp"))
+    closed_by_an_earlier_success(pool, "mtp")
+    first = admitted(pool, 2.0)
+    assert len(first) == 1  # not every waiter at once into a fault that may still hold
+    first[0].end(Outcome.SUCCESS, 3.0)
+    assert first[0].circuit_changed  # a place is free: the waiting room looks again
+    second = admitted(pool, 3.0)
+    assert len(second) == 2
+    second[0].end(Outcome.SUCCESS, 4.0)  # 4 now, one of them in flight
+    assert len(admitted(pool, 4.0)) == 3
+
+
+def test_a_failure_in_the_slow_start_puts_it_back_to_one_request_at_a_time():
+    pool = turns_pool(Gate("mtp"))
+    closed_by_an_earlier_success(pool, "mtp")
+    admitted(pool, 2.0)[0].end(Outcome.SUCCESS, 3.0)
+    failing, other = admitted(pool, 3.0)
+    failing.end(Outcome.BACKEND_FAILURE, 4.0, Failure("stream_broken", answered=False))
+    assert failing.circuit_changed and pool.backends["mtp"].circuit.open_until is None  # 1 of 5
+    assert admitted(pool, 4.0) == []  # back to 1, and `other` is still in flight
+    other.end(Outcome.SUCCESS, 5.0)
+    assert len(admitted(pool, 5.0)) == 2
+
+
+def test_a_request_whose_client_left_in_the_slow_start_frees_its_place_only():
+    pool = turns_pool(Gate("mtp"))
+    closed_by_an_earlier_success(pool, "mtp")
+    (gone,) = admitted(pool, 2.0)
+    gone.end(Outcome.CLIENT_GONE, 3.0)
+    assert gone.circuit_changed and len(admitted(pool, 3.0)) == 1  # not doubled
+
+
+def test_the_slow_start_ends_after_successes_and_the_holder_admits_freely():
+    pool = turns_pool(Gate("mtp"))
+    closed_by_an_earlier_success(pool, "mtp")
+    rounds = []
+    for now in (2.0, 3.0, 4.0):
+        leases = admitted(pool, now)
+        rounds.append(len(leases))
+        for lease in leases:
+            lease.end(Outcome.SUCCESS, now)
+    assert rounds == [1, 2, 8]  # each success doubles the window: 1; 2; 4, 8; then 16 ... 2048
+    assert pool.backends["mtp"].slow_start is None  # past 64: over
+    for _ in range(100):
+        assert isinstance(pool.admit(Ask(), 5.0), Lease)
+
+
+def test_the_trials_success_also_starts_slow():
+    pool = turns_pool(Gate("mtp"))
+    open_circuit(pool, "mtp", 1.0)
+    trial = pool.admit(Ask(), 11.0)
+    assert isinstance(trial, Lease) and trial.attempts[0].trial
+    trial.end(Outcome.SUCCESS, 12.0)
+    assert len(admitted(pool, 12.0)) == 1
+
+
+def test_the_circuit_opening_again_ends_the_slow_start_its_trial_goes_first():
+    pool = turns_pool(Gate("mtp"))
+    closed_by_an_earlier_success(pool, "mtp")
+    (ramped,) = admitted(pool, 2.0)
+    open_circuit(pool, "mtp", 3.0)  # other failures meanwhile: open until 13.0
+    assert pool.backends["mtp"].slow_start is None
+    ramped.end(Outcome.SUCCESS, 4.0)  # closes it (any success does): a new slow start
+    assert len(admitted(pool, 4.0)) == 1
+
+
+def test_a_split_pairs_circuit_closing_lets_every_request_go_as_before():
+    pool = turns_pool(split=1)
+    mtp = pool.backends["mtp"]
+    earlier = pool.admit(Ask(), 0.5)
+    assert isinstance(earlier, Lease) and earlier.backend is mtp
+    open_circuit(pool, "mtp", 1.0)
+    earlier.end(Outcome.SUCCESS, 2.0)
+    assert mtp.circuit.open_until is None and mtp.slow_start is None
+    for _ in range(10):
+        mtp.admit(2.0, object())
+    assert mtp.accepting(2.0)
