@@ -5,6 +5,7 @@ pair can take it; a turns pair makes no flip moves."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,8 @@ import pytest
 from gateway.config import Backend, Role, Routing
 from gateway.routing.backend import CircuitRules
 from gateway.routing.pool import Ask, Failure, Lease, Outcome, PairSpec, Placement, Pool
+from gateway.turns.waiting import WaitingRoom
+from tests.live import wait_until
 
 ROUTING = Routing(crossover=4, hysteresis=2, min_dwell_s=0, load_signal="requests",
                   adaptive_crossover=False)
@@ -255,6 +258,31 @@ def test_the_circuit_opening_again_ends_the_slow_start_its_trial_goes_first():
     assert pool.backends["mtp"].slow_start is None
     ramped.end(Outcome.SUCCESS, 4.0)  # closes it (any success does): a new slow start
     assert len(admitted(pool, 4.0)) == 1
+
+
+@pytest.mark.timeout(10)
+async def test_the_waiters_go_one_at_a_time_after_the_close_each_freed_place_letting_more_go():
+    pool = turns_pool(Gate("mtp"))
+    room = WaitingRoom(max_requests=8, max_s=5.0, retry_after_s=1, circuit_max_s=5.0)
+    earlier = pool.admit(Ask(), 0.5)
+    assert isinstance(earlier, Lease)
+    open_circuit(pool, "mtp", 1.0)
+    waiters = [asyncio.create_task(room.admit(lambda: pool.admit(Ask(), 2.0))) for _ in range(3)]
+    await wait_until(lambda: room.waiting == 3, timeout=5)
+
+    def changed(lease: Lease) -> None:  # as the endpoint does at a lease's end
+        assert lease.circuit_changed
+        room.changed()
+
+    earlier.end(Outcome.SUCCESS, 2.0)
+    changed(earlier)  # the circuit closed: one goes, two wait on
+    await wait_until(lambda: room.waiting == 2 and sum(w.done() for w in waiters) == 1, timeout=5)
+    (first,) = [w.result() for w in waiters if w.done()]
+    assert isinstance(first, Lease)
+    first.end(Outcome.SUCCESS, 3.0)
+    changed(first)  # its success: two may be in flight
+    leases = await asyncio.gather(*waiters)
+    assert all(isinstance(lease, Lease) for lease in leases) and room.waiting == 0
 
 
 def test_a_split_pairs_circuit_closing_lets_every_request_go_as_before():
