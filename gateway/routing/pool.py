@@ -213,8 +213,9 @@ def _pair_view(name: str, backends: Collection[BackendView]) -> PairView:
 
 def _holder_behind_circuit(pair: PairState, now: float, exclude: Collection[str]
                            ) -> BackendState | None:
-    """The turns pair's holder when it is up but its circuit keeps it out (open, or half-open
-    with its trial out); a holder that is down is lost (gateway/turns/state.py holder_lost)."""
+    """The turns pair's holder when it is up but its circuit keeps it out (open, half-open
+    with its trial out, or closed with its slow start full); a holder that is down is lost
+    (gateway/turns/state.py holder_lost)."""
     role = pair.turns.admitting if pair.turns is not None else None
     if role is None:
         return None
