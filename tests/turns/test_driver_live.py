@@ -146,11 +146,21 @@ async def test_a_turn_lets_the_outgoing_server_write_its_prefix_cache_before_rel
     async with fake_pair("mtp", hicache=True) as (device, servers, urls), \
             gateway(urls, caches_quiet_s=1.0) as (runtime, url):
         await holding(runtime, "mtp")
+        held: set[str] = set()  # plain may hand back before the quiet stream ends: note each holder
+
+        async def note_holders() -> None:
+            while True:
+                if driver(runtime).state.phase == "holding":
+                    held.add(driver(runtime).state.holder)
+                await asyncio.sleep(0.005)
+
+        noting = asyncio.create_task(note_holders())
         async with httpx.AsyncClient(base_url=url, timeout=20) as client:
             assert await load_then_quiet(client, CROSSOVER + 1) == ["whole"] * (CROSSOVER + 2)
-            await holding(runtime, "plain")
+            await wait_until(lambda: "plain" in held, timeout=10)
             await holding(runtime, "mtp")
             metrics = (await client.get("/metrics")).text
+        noting.cancel()
         assert sum(server.host_backups for server in servers.values()) > 0
         for server in servers.values():  # everything copied to host reached the store
             assert (server.store_backups, server.lost_backups) == (server.host_backups, 0)
