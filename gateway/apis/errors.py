@@ -54,6 +54,16 @@ class GatewayError(Exception):
         return json.dumps(self.body(api)).encode()
 
 
+def let_go(error: BaseException | None) -> None:
+    """Free a handled failure's tracebacks now. They hold the frames the failure went through,
+    and those often hold the failure (a response keeps its error, a stream its failure for a
+    continuation): a cycle with the request's objects in it that only the garbage collector
+    would free, and the gateway runs it seldom (`cli.tune_process`)."""
+    while error is not None:
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
+
+
 class ClientError(GatewayError):
     status = 400
     type = "invalid_request_error"

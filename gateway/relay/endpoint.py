@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from gateway.access_log import log_access
 from gateway.apis import RESPONSES_API, api_of
-from gateway.apis.errors import GatewayError, UpstreamStatus
+from gateway.apis.errors import GatewayError, UpstreamStatus, let_go
 from gateway.config import Settings
 from gateway.metrics import GatewayMetrics
 from gateway.relay.aborts import Aborts
@@ -98,6 +98,7 @@ class ProxyEndpoint:
             await self.endings.interrupted(exchange, send, deadlines.reason or SHUTDOWN)
         except GatewayError as exc:
             await self.endings.failed(exchange, send, exc)
+            let_go(exc)
         except Exception:  # a bug: still end the response properly and keep serving
             log.exception("unexpected error relaying %s", inbound.path)
             await self.endings.failed(exchange, send, GatewayError("internal gateway error"))

@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from gateway.apis.errors import ContinuedElsewhere, UpstreamBroken, UpstreamError, UpstreamTimeout
+from gateway.apis.errors import ContinuedElsewhere, UpstreamBroken, UpstreamError, UpstreamTimeout, let_go
 from gateway.config import Settings
 from gateway.metrics import GatewayMetrics
 from gateway.relay.aborts import Aborts
@@ -108,7 +108,10 @@ class InFlight:
             if not settings.handoff.on_failure or failures:
                 raise failure
             failures += 1
-            response, first = await self._continue_after(exchange, failure)
+            try:
+                response, first = await self._continue_after(exchange, failure)
+            finally:
+                let_go(failure)  # handled here, whether continued or not
 
     async def _continue_after(self, exchange: Exchange, failure: UpstreamError
                               ) -> tuple[UpstreamResponse, bytes]:

@@ -34,6 +34,7 @@ from gateway.apis.errors import (
     UpstreamBroken,
     UpstreamConnectError,
     UpstreamTimeout,
+    let_go,
 )
 
 Header = tuple[bytes, bytes]
@@ -197,6 +198,7 @@ class UpstreamResponse:
             connection.drop()
         if self._error is None and not self._done:
             self._error = UpstreamBroken("response closed")
+        let_go(self._error)  # raised by this response's frames, it holds them and they hold it
 
     # --- the connection's side --------------------------------------------------------------
 
@@ -278,7 +280,7 @@ class _Connection(asyncio.Protocol):
         self.pool = pool
         self.origin = origin
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
-        self.parser = httptools.HttpResponseParser(self)
+        self.parser: httptools.HttpResponseParser  # from connection_made to connection_lost
         self.response: UpstreamResponse | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -298,6 +300,7 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.parser = httptools.HttpResponseParser(self)
 
     def data_received(self, data: bytes) -> None:
         if self.response is None:  # bytes nobody asked for: this connection cannot be trusted
@@ -313,6 +316,10 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.pool.forget(self)
+        # The parser holds this protocol's callbacks: a cycle that only the garbage collector
+        # would free, and the gateway runs it seldom (`cli.tune_process`). For the same
+        # reason the parser is made only once connected: a connection refused never is.
+        del self.parser
         response, self.response = self.response, None
         if response is not None:
             response._connection_ended()
