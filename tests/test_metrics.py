@@ -43,3 +43,12 @@ def test_counts_and_observations_read_as_prometheus_clients_own() -> None:
             assert _scraped(registry, prefix) == _scraped(plain, prefix)
     assert registry.get_sample_value("gateway_responses_total",
                                      {"backend": "mtp", "code": "200"}) == 10.0
+
+
+def test_the_process_memory_and_the_garbage_collector_are_on_metrics() -> None:
+    """An operator watches the gateway's own memory, CPU and the garbage collector's findings
+    beside the routing's metrics, as prometheus_client exports them for any process."""
+    _, registry = _gateway_metrics()
+    assert (registry.get_sample_value("process_resident_memory_bytes") or 0) > 10 * 2**20
+    assert registry.get_sample_value("process_cpu_seconds_total") is not None
+    assert registry.get_sample_value("python_gc_objects_collected_total", {"generation": "2"}) is not None
